@@ -1,0 +1,4 @@
+"""Prefix-tree packing and tree attention: many sequences that share prefixes, one forward.
+
+Uses torch; never touches LMDB.
+"""

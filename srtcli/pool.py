@@ -1,0 +1,244 @@
+"""The steps pool: the contract between `srt rollout`, `srt pack`, `srt train` and `srt cache add`.
+
+A pool is a directory of `*.jsonl` (or `*.jsonl.zst`) files, one step per line. The format is
+documented in docs/formats.md; this module is its only reader and writer:
+
+- `read_pool(dir)` validates every line and returns `StepRecord`s (errors name file and line);
+- `grpo_advantages(steps)` fills in missing advantages the GRPO way;
+- `PoolWriter` appends whole lines, crash-safe, and can resume a file a killed run left behind.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from srtcli.errors import SrtError, at
+
+REQUIRED = ("prompt_uid", "trajectory_id", "step", "input_ids", "loss_mask", "old_logprobs", "reward")
+
+
+@dataclass
+class StepRecord:
+    """One model turn: the whole sequence up to and including this turn's response."""
+
+    prompt_uid: str
+    trajectory_id: str
+    step: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    reward: float
+    advantage: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        if d["advantage"] is None:
+            del d["advantage"]
+        if not d["meta"]:
+            del d["meta"]
+        return json.dumps(d, separators=(",", ":"))
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)) and math.isfinite(x)
+
+
+def parse_step(text: str) -> StepRecord:
+    """Parse and validate one JSON line; raises ValueError with a short reason."""
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"malformed JSON ({e.msg})") from None
+    if not isinstance(d, dict):
+        raise ValueError("a step must be a JSON object")
+    missing = [k for k in REQUIRED if k not in d]
+    if missing:
+        raise ValueError(f"missing field(s): {', '.join(missing)}")
+    for k in ("prompt_uid", "trajectory_id"):
+        if not isinstance(d[k], str) or not d[k]:
+            raise ValueError(f"`{k}` must be a non-empty string")
+    if not _is_int(d["step"]) or d["step"] < 0:
+        raise ValueError("`step` must be an integer >= 0")
+    ids, mask, lps = d["input_ids"], d["loss_mask"], d["old_logprobs"]
+    if not isinstance(ids, list) or not ids or not all(_is_int(t) for t in ids):
+        raise ValueError("`input_ids` must be a non-empty list of integers")
+    if any(t < 0 for t in ids):
+        raise ValueError("`input_ids` has a negative token id")
+    if not isinstance(mask, list) or any(m not in (0, 1) or isinstance(m, bool) for m in mask):
+        raise ValueError("`loss_mask` must be a list of 0/1")
+    if not isinstance(lps, list) or not all(_is_num(x) for x in lps):
+        raise ValueError("`old_logprobs` must be a list of finite numbers")
+    if not (len(ids) == len(mask) == len(lps)):
+        raise ValueError(
+            f"lengths disagree: input_ids {len(ids)}, loss_mask {len(mask)}, old_logprobs {len(lps)}"
+        )
+    if mask[0] == 1:
+        raise ValueError("`loss_mask` must be 0 on the first token (nothing predicts it)")
+    if not _is_num(d["reward"]):
+        raise ValueError("`reward` must be a finite number")
+    adv = d.get("advantage")
+    if adv is not None and not _is_num(adv):
+        raise ValueError("`advantage` must be a finite number")
+    meta = d.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise ValueError("`meta` must be an object")
+    return StepRecord(
+        prompt_uid=d["prompt_uid"],
+        trajectory_id=d["trajectory_id"],
+        step=d["step"],
+        input_ids=ids,
+        loss_mask=mask,
+        old_logprobs=[float(x) for x in lps],
+        reward=float(d["reward"]),
+        advantage=None if adv is None else float(adv),
+        meta=meta,
+    )
+
+
+def pool_files(pool: Path) -> list[Path]:
+    """The pool's files in a stable order; a missing or empty pool is a user error."""
+    pool = Path(pool)
+    if not pool.exists():
+        raise SrtError(f"{pool}: no such steps pool")
+    if pool.is_file():
+        files = [pool]
+    else:
+        files = sorted(p for p in pool.iterdir() if p.name.endswith((".jsonl", ".jsonl.zst")))
+    if not files:
+        raise SrtError(f"{pool}: empty steps pool (no *.jsonl or *.jsonl.zst files)")
+    return files
+
+
+def _lines(path: Path) -> Iterator[str]:
+    if path.name.endswith(".zst"):
+        import zstandard
+
+        with open(path, "rb") as raw:
+            try:
+                reader = zstandard.ZstdDecompressor().stream_reader(raw)
+                yield from io.TextIOWrapper(reader, encoding="utf-8")
+            except zstandard.ZstdError as e:
+                raise SrtError(f"{path}: not a valid zstd file ({e})") from None
+    else:
+        with open(path, encoding="utf-8") as f:
+            yield from f
+
+
+def iter_steps(pool: Path, skip_bad: bool = False, stats: dict | None = None) -> Iterator[StepRecord]:
+    """Stream the pool's steps. Bad lines raise `path:line: reason`, or are counted and
+    skipped (`stats["skipped"]`) with skip_bad. Blank lines are ignored."""
+    if stats is not None:
+        stats.setdefault("skipped", 0)
+    for path in pool_files(pool):
+        try:
+            for lineno, text in enumerate(_lines(path), start=1):
+                if not text.strip():
+                    continue
+                try:
+                    yield parse_step(text)
+                except ValueError as e:
+                    if not skip_bad:
+                        raise at(path, lineno, str(e)) from None
+                    if stats is not None:
+                        stats["skipped"] += 1
+        except UnicodeDecodeError:
+            raise SrtError(f"{path}: not UTF-8 text") from None
+
+
+def read_pool(pool: Path, skip_bad: bool = False, stats: dict | None = None) -> list[StepRecord]:
+    """All steps of a pool, validated; an empty result is a user error."""
+    steps = list(iter_steps(pool, skip_bad, stats))
+    if not steps:
+        raise SrtError(f"{pool}: the steps pool holds no valid step")
+    return steps
+
+
+def grpo_advantages(steps: list[StepRecord]) -> list[float]:
+    """Each step's advantage: its own if given, else GRPO's.
+
+    GRPO: a trajectory's reward is the reward of its last step; within a group (same
+    `prompt_uid`) advantage = (R - mean) / (std + 1e-6) with the population std over the
+    group's trajectories; every step of a trajectory gets its trajectory's value.
+    """
+    last: dict[tuple[str, str], StepRecord] = {}
+    for s in steps:
+        key = (s.prompt_uid, s.trajectory_id)
+        if key not in last or s.step >= last[key].step:
+            last[key] = s
+    groups: dict[str, list[float]] = {}
+    for (uid, _), s in last.items():
+        groups.setdefault(uid, []).append(s.reward)
+    norm: dict[str, tuple[float, float]] = {}
+    for uid, rs in groups.items():
+        mean = sum(rs) / len(rs)
+        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / len(rs))
+        norm[uid] = (mean, std)
+    out = []
+    for s in steps:
+        if s.advantage is not None:
+            out.append(s.advantage)
+            continue
+        mean, std = norm[s.prompt_uid]
+        out.append((last[(s.prompt_uid, s.trajectory_id)].reward - mean) / (std + 1e-6))
+    return out
+
+
+class PoolWriter:
+    """Appends steps to one pool file, a whole line per write, flushed and fsynced.
+
+    A process killed mid-write can leave at most one partial last line; `resume=True`
+    cuts it off before appending, so the file again holds only whole lines.
+    """
+
+    def __init__(self, path: Path, resume: bool = False, fsync_every: int = 1):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume and self.path.exists():
+            truncate_partial_line(self.path)
+        elif not resume and self.path.exists() and self.path.stat().st_size > 0:
+            raise SrtError(f"{self.path}: already exists (use --resume to continue it)")
+        self._f = open(self.path, "ab")
+        self._fsync_every = max(1, fsync_every)
+        self._pending = 0
+
+    def write(self, step: StepRecord) -> None:
+        self._f.write((step.to_json() + "\n").encode())
+        self._pending += 1
+        if self._pending >= self._fsync_every:
+            self.flush()
+
+    def flush(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._pending = 0
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self.flush()
+            self._f.close()
+
+    def __enter__(self) -> "PoolWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def truncate_partial_line(path: Path) -> None:
+    """Cut a trailing line that has no newline (a write interrupted by a kill)."""
+    with open(path, "rb+") as f:
+        data = f.read()
+        keep = data.rfind(b"\n") + 1
+        if keep != len(data):
+            f.truncate(keep)
