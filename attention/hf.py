@@ -1,0 +1,197 @@
+"""Run a packed row through any transformers causal LM with standard attention, unmodified.
+
+transformers (5.x) attention modules call the function registered under
+`config._attn_implementation` in `AttentionInterface`, and build masks with the function of the
+same name in `AttentionMaskInterface`. We register one name, `srt_tree`, in both:
+
+- the attention function applies the *current row's* tree mask (set by the `tree_attention`
+  context manager) with the chosen backend: `sdpa` (boolean masks per query block, keys
+  limited to the block's tree and causal range; the CPU path), `flex`
+  (FlexAttention with a BlockMask; compiled on CUDA), or `eager` (explicit softmax; reference);
+- the mask function returns no mask while a row is active (the tree mask replaces it, and
+  transformers would otherwise build a T x T "packed sequence" mask from our position ids),
+  and the ordinary SDPA mask otherwise.
+
+Outside a row, `srt_tree` behaves exactly like `sdpa`, and `tree_attention` restores the
+model's own implementation on exit, so ordinary inputs always take the ordinary path.
+Masks are built once per row and shared by all layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+
+NAME = "srt_tree"
+BACKENDS = ("auto", "sdpa", "flex", "eager")
+SDPA_BLOCK = 512  # query block of the sdpa backend (see masks.sdpa_blocks)
+# attention arguments some models pass that the tree backends do not implement
+_UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
+
+
+@dataclass
+class _Row:
+    subtree_end: torch.Tensor
+    position_ids: torch.Tensor
+    backend: str
+    cache: dict[Any, Any] = field(default_factory=dict)  # (kind, window) -> mask, per row
+
+    def bool_mask(self, window: int | None) -> torch.Tensor:
+        from attention.masks import sdpa_bool_mask
+
+        key = ("bool", window)
+        if key not in self.cache:
+            self.cache[key] = sdpa_bool_mask(self.subtree_end, self.position_ids, window)
+        return self.cache[key]
+
+    def blocks(self, window: int | None):
+        from attention.masks import sdpa_blocks
+
+        key = ("blocks", window, SDPA_BLOCK)
+        if key not in self.cache:
+            self.cache[key] = sdpa_blocks(self.subtree_end, self.position_ids, window, SDPA_BLOCK)
+        return self.cache[key]
+
+    def block_mask(self, window: int | None):
+        from attention.masks import tree_block_mask
+
+        key = ("block", window)
+        if key not in self.cache:
+            self.cache[key] = tree_block_mask(self.subtree_end, self.position_ids, window)
+        return self.cache[key]
+
+
+_ACTIVE: contextvars.ContextVar[_Row | None] = contextvars.ContextVar("srt_tree_row", default=None)
+_registered = False
+_compiled_flex = None
+
+
+def resolve_backend(backend: str, device: torch.device | str | None = None) -> str:
+    """Map `--attn auto|sdpa|flex|eager` to a backend: auto = flex on CUDA, sdpa elsewhere."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    if backend != "auto":
+        return backend
+    return "flex" if torch.device(device or "cpu").type == "cuda" else "sdpa"
+
+
+def _repeat_kv(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x if n == 1 else x.repeat_interleave(n, dim=1)
+
+
+def _flex(query, key, value, block_mask, scale):
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if query.is_cuda:  # fused kernel; eager flex would materialise the scores
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex_attention, dynamic=True)
+        fn = _compiled_flex
+    else:  # CPU: eager flex (has a backward; compiled CPU flex does not)
+        fn = flex_attention
+    return fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True)
+
+
+def _tree_forward(row: _Row, module, query, key, value, dropout, scaling, window):
+    """query [B, H, T, D], key/value [B, Hkv, T, D] -> [B, T, H, D]."""
+    groups = query.shape[1] // key.shape[1]
+    if row.backend == "flex":
+        if dropout:
+            raise ValueError("the flex tree backend does not support attention dropout")
+        out = _flex(query, key, value, row.block_mask(window), scaling)
+        return out.transpose(1, 2).contiguous(), None
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
+    if row.backend == "sdpa":
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        outs = [
+            sdpa(query[:, :, a:b], key[:, :, lo:b], value[:, :, lo:b], attn_mask=m, dropout_p=dropout, scale=scaling)
+            for a, b, lo, m in row.blocks(window)
+        ]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        return out.transpose(1, 2).contiguous(), None
+    mask = row.bool_mask(window)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def srt_tree_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The registered attention function: tree mask inside a row, plain SDPA outside."""
+    row = _ACTIVE.get()
+    if row is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    if query.shape[0] != 1 or query.shape[2] != row.subtree_end.numel():
+        raise ValueError("a tree row runs as one sequence of batch size 1, without a KV cache")
+    for name in _UNSUPPORTED:  # silently dropping these would break exactness
+        if kwargs.get(name) is not None:
+            raise NotImplementedError(f"tree attention does not support `{name}` (used by this model)")
+    return _tree_forward(row, module, query, key, value, dropout, scaling, sliding_window)
+
+
+def _srt_tree_mask(*args: Any, **kwargs: Any):
+    """The registered mask function: none inside a row (the tree mask replaces it)."""
+    if _ACTIVE.get() is not None:
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **kwargs)
+
+
+def register() -> None:
+    """Register `srt_tree` with transformers (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, srt_tree_attention)
+    AttentionMaskInterface.register(NAME, _srt_tree_mask)
+    _registered = True
+
+
+@contextlib.contextmanager
+def tree_attention(
+    model: torch.nn.Module,
+    subtree_end: torch.Tensor,
+    position_ids: torch.Tensor,
+    backend: str = "auto",
+) -> Iterator[None]:
+    """Within the block, `model` attends with the tree mask of one packed row.
+
+    `subtree_end`/`position_ids` are the row's [T] tensors (moved to the model's device).
+    The model's attention implementation is restored on exit.
+    """
+    register()
+    device = next(model.parameters()).device
+    row = _Row(subtree_end.to(device), position_ids.to(device), resolve_backend(backend, device))
+    config = model.config
+    saved = config._attn_implementation
+    config._attn_implementation = NAME
+    token = _ACTIVE.set(row)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+        config._attn_implementation = saved

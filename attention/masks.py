@@ -1,0 +1,132 @@
+"""Tree attention masks from the pre-order interval rule, never from a Python loop.
+
+With pre-order layout, token q may attend to token k iff k <= q <= subtree_end[k]: q lies
+inside k's subtree and not before k. That one rule gives:
+
+- `sdpa_bool_mask`: a [1, 1, T, T] boolean mask by broadcasting (CPU path: compiled CPU
+  FlexAttention has no backward, so CPU training uses SDPA);
+- `tree_mask_mod`: a FlexAttention `mask_mod` that reads `subtree_end` per (q, kv) pair, and
+  `tree_block_mask`: its BlockMask, built compiled on CUDA so no T x T tensor ever exists;
+- `dense_reference_mask`: the slow, obviously-correct mask from the sequences' paths (each path
+  is causal over its own tokens), used by the tests to check the others.
+
+`sliding_window` (models such as Mistral) is measured in positions (tree depth), as a separate
+forward would measure it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+def sdpa_bool_mask(
+    subtree_end: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+) -> torch.Tensor:
+    """[1, 1, T, T] bool, True = may attend. Vectorized; T x T booleans (CPU-sized rows)."""
+    t = subtree_end.numel()
+    idx = torch.arange(t, device=subtree_end.device)
+    q, k = idx[:, None], idx[None, :]
+    mask = (k <= q) & (q <= subtree_end[None, :])
+    if sliding_window is not None and position_ids is not None:
+        mask &= (position_ids[:, None] - position_ids[None, :]) < sliding_window
+    return mask[None, None]
+
+
+def tree_roots(subtree_end: torch.Tensor) -> torch.Tensor:
+    """[T] packed index of the first token of each token's tree (a pad token is its own tree).
+
+    A token starts a tree when no earlier token's subtree reaches it; every key a query can
+    see lies between its tree's start and itself.
+    """
+    t = subtree_end.numel()
+    idx = torch.arange(t, device=subtree_end.device)
+    reach = torch.cummax(subtree_end, 0).values  # furthest subtree end among tokens <= i
+    starts = torch.ones(t, dtype=torch.bool, device=subtree_end.device)
+    starts[1:] = reach[:-1] < idx[1:]
+    return torch.cummax(torch.where(starts, idx, torch.zeros_like(idx)), 0).values
+
+
+def sdpa_blocks(
+    subtree_end: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    block: int = 512,
+) -> list[tuple[int, int, int, torch.Tensor]]:
+    """The bool mask in query blocks: (q_start, q_end, k_start, mask [1, 1, q_end-q_start,
+    q_end-k_start]). Keys outside [k_start, q_end) are never visible (later tokens, other
+    trees), so SDPA skips them: about half the work of one T x T mask for a single tree, much
+    less for a forest, and no T x T tensor."""
+    t = subtree_end.numel()
+    roots = tree_roots(subtree_end)
+    out = []
+    for a in range(0, t, block):
+        b = min(a + block, t)
+        lo = int(roots[a])
+        q = torch.arange(a, b, device=subtree_end.device)[:, None]
+        k = torch.arange(lo, b, device=subtree_end.device)[None, :]
+        m = (k <= q) & (q <= subtree_end[lo:b][None, :])
+        if sliding_window is not None and position_ids is not None:
+            m &= (position_ids[a:b, None] - position_ids[None, lo:b]) < sliding_window
+        out.append((a, b, lo, m[None, None]))
+    return out
+
+
+def tree_mask_mod(
+    subtree_end: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+) -> Callable:
+    """A FlexAttention mask_mod(b, h, q_idx, kv_idx) for one packed row."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx <= subtree_end[kv_idx])
+
+    if sliding_window is None or position_ids is None:
+        return mask_mod
+
+    def windowed(b, h, q_idx, kv_idx):
+        near = (position_ids[q_idx] - position_ids[kv_idx]) < sliding_window
+        return mask_mod(b, h, q_idx, kv_idx) & near
+
+    return windowed
+
+
+def tree_block_mask(
+    subtree_end: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    compile: bool | None = None,
+):
+    """The BlockMask of a row (T a multiple of 128 for the fast path). Compiled on CUDA by
+    default: uncompiled `create_block_mask` evaluates the full T x T grid."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    t = subtree_end.numel()
+    if compile is None:
+        compile = subtree_end.is_cuda
+    return create_block_mask(
+        tree_mask_mod(subtree_end, position_ids, sliding_window),
+        B=None,
+        H=None,
+        Q_LEN=t,
+        KV_LEN=t,
+        device=subtree_end.device,
+        _compile=compile,
+    )
+
+
+def dense_reference_mask(paths: list[torch.Tensor], total: int) -> torch.Tensor:
+    """[T, T] bool from first principles: along every path each token sees its predecessors
+    and itself; tokens on no path (padding) see only themselves."""
+    mask = torch.zeros(total, total, dtype=torch.bool)
+    for path in paths:
+        path = path.long()
+        n = path.numel()
+        causal = torch.ones(n, n, dtype=torch.bool).tril()
+        mask[path[:, None], path[None, :]] |= causal
+    mask |= torch.eye(total, dtype=torch.bool)
+    return mask

@@ -1,0 +1,163 @@
+"""Speculative rollout benchmark: none / ngram / suffix / srt (with and without run-ahead), side
+by side in one invocation, three epochs over the same prompts with each drafter's cache kept
+between epochs, plus transformers' own batched `generate` as the outside reference.
+
+    .venv/bin/python bench/rollout_bench.py                  # the bundled arith workload
+    .venv/bin/python bench/rollout_bench.py --limit 32 --epochs 3 --max-new-tokens 96
+
+Each configuration gets a fresh cache directory; within an epoch the configurations run one
+after the other (interleaved, so machine noise hits all alike). Reported: wall seconds,
+tokens/s, accepted tokens per sequence per forward, and ratios of tokens/s to `none` in the
+same epoch. Targets (the issue): epoch 1 srt costs <= 5% over none; at epoch 3 srt >= 2.5x none
+and >= 1.3x suffix; `none` at least as fast as HF generate. Not a test; timings are noisy on a
+shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CONFIGS = {
+    "none": dict(draft="none", run_ahead=False),
+    "ngram": dict(draft="ngram", run_ahead=False),
+    "suffix": dict(draft="suffix", run_ahead=False),
+    "srt": dict(draft="srt", run_ahead=False),
+    "srt+run-ahead": dict(draft="srt", run_ahead=True),
+    "srt-sample": dict(draft="srt", run_ahead=False, draft_mode="sample"),
+}
+
+
+def model_dir(arg: str | None, work: Path) -> Path:
+    from srtcli.models import default_model_dir
+
+    if arg:
+        return Path(arg)
+    d = default_model_dir()
+    if (d / "model.safetensors").exists():
+        return d
+    print("bundled model not built: using a tiny random model (acceptance is not meaningful)")
+    from tests.srtcli.test_engine_support import make_model_dir
+
+    return make_model_dir(work / "random-model", sharp=60.0)
+
+
+def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path) -> dict:
+    return dict(prompts_path=str(prompts), model=str(model), k=args.n, max_new_tokens=args.max_new_tokens,
+                temperature=args.temperature, top_p=1.0, top_k=0, seed=args.seed, draft=cfg["draft"],
+                budget=args.budget, min_prob=args.min_prob, draft_mode=cfg.get("draft_mode", "greedy"),
+                cache_opt=str(cache), out=str(out), batch_size=args.batch_size,
+                rollout_batch=args.rollout_batch, run_ahead=cfg["run_ahead"],
+                run_ahead_tokens=args.run_ahead_tokens, tools="calculator" if args.tools else None,
+                reward=None, device="cpu", threads=1, resume=False, as_json=True)
+
+
+def hf_generate(args, model_path: Path, prompts: Path) -> dict:
+    """transformers' batched sampling over the same prompts, K samples each."""
+    import torch
+
+    from srtcli.models import load_model_and_tokenizer
+    from srtcli.prompts import read_prompts
+
+    torch.set_num_threads(1)
+    model, tok = load_model_and_tokenizer(model_path)
+    recs = read_prompts(prompts, tok, 10_000)
+    per_call = max(1, args.batch_size // args.n)
+    tok.padding_side = "left"
+    gen = 0
+    t0 = time.perf_counter()
+    for i in range(0, len(recs), per_call):
+        chunk = recs[i: i + per_call]
+        width = max(len(r.ids) for r in chunk)
+        ids = torch.tensor([[tok.pad_token_id] * (width - len(r.ids)) + r.ids for r in chunk])
+        mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(r.ids) for r in chunk])[:, None]).long()
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=args.temperature,
+                                 top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens,
+                                 num_return_sequences=args.n, pad_token_id=tok.pad_token_id)
+        new = out[:, width:]
+        for row in new.tolist():
+            n = len(row)
+            if tok.eos_token_id in row:
+                n = row.index(tok.eos_token_id) + 1
+            gen += n
+    wall = time.perf_counter() - t0
+    return {"generated_tokens": gen, "wall_s": round(wall, 3), "tokens_per_s": round(gen / wall, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model")
+    ap.add_argument("--prompts", default=str(ROOT / "examples/arith/prompts.jsonl"))
+    ap.add_argument("--limit", type=int, default=32, help="prompts used (0 = all)")
+    ap.add_argument("-n", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--budget", type=int, default=8)
+    ap.add_argument("--min-prob", type=float, default=0.1)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--rollout-batch", type=int, default=8)
+    ap.add_argument("--run-ahead-tokens", type=int, default=32)
+    ap.add_argument("--tools", action="store_true", help="run the calculator tool")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json-out")
+    args = ap.parse_args()
+
+    from srtcli.rollout_cmd import run_rollout
+
+    work = Path(tempfile.mkdtemp(prefix="srt-rollout-bench-"))
+    model = model_dir(args.model, work)
+    prompts = work / "prompts.jsonl"
+    lines = [ln for ln in Path(args.prompts).read_text().splitlines() if ln.strip()]
+    prompts.write_text("\n".join(lines[: args.limit] if args.limit else lines) + "\n")
+    names = args.configs.split(",")
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    for epoch in range(1, args.epochs + 1):
+        for name in names:
+            o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / f"pool-{name}-{epoch}")
+            s = run_rollout(**o)
+            results[name].append(s)
+            print(f"epoch {epoch} {name:14s} wall {s['wall_s']:7.2f}s  {s['tokens_per_s']:7.1f} tok/s  "
+                  f"accepted/forward {s['accepted_per_forward']:.3f}  acceptance {s['draft_acceptance_rate']:.3f}  "
+                  f"run-ahead {s['run_ahead_tokens']}", flush=True)
+    ref = hf_generate(args, model, prompts)
+    print(f"HF generate (batched sampling): wall {ref['wall_s']:.2f}s  {ref['tokens_per_s']:.1f} tok/s")
+    report(results, ref, names, args.epochs)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({"results": results, "hf_generate": ref}, indent=1))
+
+
+def report(results: dict, ref: dict, names: list[str], epochs: int) -> None:
+    print("\nspeed (tokens/s) as a ratio to `none` in the same epoch; accepted tokens per forward")
+    print(f"{'config':16s}" + "".join(f"  epoch {e}: x none | acc/fwd" for e in range(1, epochs + 1)))
+    for name in names:
+        row = f"{name:16s}"
+        for e in range(epochs):
+            base = results["none"][e]["tokens_per_s"] if "none" in results else float("nan")
+            s = results[name][e]
+            row += f"  {s['tokens_per_s'] / base:14.2f}x | {s['accepted_per_forward']:7.3f}"
+        print(row)
+    if "none" in results:
+        none = results["none"]
+        print(f"\nnone vs HF generate: {none[0]['tokens_per_s'] / ref['tokens_per_s']:.2f}x (epoch 1 tokens/s)")
+        if "srt" in results:
+            srt = results["srt"]
+            print(f"epoch 1 srt overhead vs none: {none[0]['tokens_per_s'] / srt[0]['tokens_per_s'] - 1:+.1%} "
+                  "(target <= +5%)")
+            print(f"epoch {epochs} srt vs none: {srt[-1]['tokens_per_s'] / none[-1]['tokens_per_s']:.2f}x (target >= 2.5x)")
+            if "suffix" in results:
+                print(f"epoch {epochs} srt vs suffix: "
+                      f"{srt[-1]['tokens_per_s'] / results['suffix'][-1]['tokens_per_s']:.2f}x (target >= 1.3x)")
+
+
+if __name__ == "__main__":
+    main()

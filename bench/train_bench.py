@@ -1,0 +1,162 @@
+"""Benchmark: time per optimizer step and peak memory of `srt train`, packed vs unpacked.
+
+For each scenario (n sequences sharing a prompt of P tokens, each with its own branch of B
+tokens: the seed's 4/256/128, 8/1024/256, 4/1024/128), and optionally a real steps pool
+(`--pool DIR`, e.g. from `srt rollout`), it times one full optimizer step (forward, backward,
+AdamW) three ways, side by side in the same run, on the same random tiny Qwen2:
+
+    packed  one prefix-tree row per group (tree attention), the `--shards` path
+    padded  all sequences in one right-padded batch, the `--steps` path with a big micro-batch
+    single  one sequence per forward (gradient accumulation), `--steps --micro-batch-tokens 0`
+
+Each (scenario, mode) runs in its own subprocess so that peak memory (CUDA: max allocated;
+CPU: max RSS growth over the loaded model) is its own. Printed: median step seconds, peak MiB,
+the token ratio (packed / unpacked tokens), the time ratio packed / padded, and the target
+`packed <= 1.2 x token ratio x padded`. Not a test: timings on a shared machine are noisy.
+
+    .venv/bin/python bench/train_bench.py [--repeats 3] [--hidden 256] [--layers 4] [--pool DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCENARIOS = [(4, 256, 128), (8, 1024, 256), (4, 1024, 128)]
+MODES = ("packed", "padded", "single")
+
+
+def synthetic_steps(n: int, prefix: int, branch: int, vocab: int, seed: int = 0):
+    from srtcli.pool import StepRecord
+
+    rng = random.Random(seed)
+    p = [rng.randrange(vocab) for _ in range(prefix)]
+    steps = []
+    for i in range(n):
+        b = [rng.randrange(vocab) for _ in range(branch)]
+        steps.append(StepRecord("p", f"t{i}", 0, p + b, [0] * prefix + [1] * branch,
+                                [0.0] * prefix + [-3.0] * branch, float(i % 2)))
+    return steps
+
+
+def work_rows(steps, mode: str):
+    from attention import pack_rows
+    from srtcli.pool import grpo_advantages
+    from srtcli.train_data import TrainSeq, WorkRow
+
+    adv = grpo_advantages(steps)
+    seqs = [TrainSeq.from_step(s, a) for s, a in zip(steps, adv)]
+    if mode != "packed":
+        return [WorkRow([s]) for s in seqs]
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(steps):
+        groups.setdefault(s.prompt_uid, []).append(i)
+    order = [i for g in groups.values() for i in g]
+    rows = pack_rows([[steps[i].input_ids for i in g] for g in groups.values()], max_tokens=1 << 20, pad_to=128)
+    return [WorkRow([seqs[order[k]] for k in r.seq_ids], r) for r in rows]
+
+
+def peak_mib(device: str, base_rss_kib: int) -> float:
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**20
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss_kib) / 1024
+
+
+def run_one(args) -> dict:
+    """One (scenario, mode) in this process: median optimizer-step seconds and peak memory."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from srtcli.dist import DistInfo
+    from srtcli.loss import LossConfig
+    from srtcli.pool import read_pool
+    from srtcli.train import resolve_attn, step_gradients
+
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.hidden * 3,
+                      num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=8192, attn_implementation="sdpa")
+    model = Qwen2ForCausalLM(cfg).to(device).eval()
+    if args.scenario == "pool":
+        steps = read_pool(Path(args.pool))
+        for s in steps:  # a real pool's ids may exceed the random model's vocabulary
+            s.input_ids = [t % args.vocab for t in s.input_ids]
+    else:
+        n, p, b = map(int, args.scenario.split("/"))
+        steps = synthetic_steps(n, p, b, args.vocab)
+    rows = work_rows(steps, args.mode)
+    micro = 0 if args.mode == "single" else 1 << 30
+    attn = resolve_attn("auto", device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    info = DistInfo(device=device)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    times = []
+    for i in range(args.repeats + 1):  # the first step warms up (allocator, kernels)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        res = step_gradients(model, None, rows, LossConfig(), micro, info, attn)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return {"step_s": statistics.median(times), "peak_mib": peak_mib(device, base), "tokens": res.tokens,
+            "packed_tokens": res.packed_tokens, "forward_tokens": sum(r.cost for r in rows), "device": device, "attn": attn}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (the machine is shared)")
+    ap.add_argument("--pool", help="also run on a real steps pool (e.g. from `srt rollout`)")
+    ap.add_argument("--scenario", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.scenario:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        print(json.dumps(run_one(args)))
+        return
+    scenarios = [f"{n}/{p}/{b}" for n, p, b in SCENARIOS] + (["pool"] if args.pool else [])
+    print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
+          f"median of {args.repeats} optimizer steps; {args.threads} thread(s)")
+    print(f"{'scenario':<12} {'mode':<7} {'step s':>8} {'peak MiB':>9} {'fwd tokens':>10}")
+    for sc in scenarios:
+        res = {}
+        for mode in MODES:
+            cmd = [sys.executable, __file__, "--scenario", sc, "--mode", mode, "--repeats", str(args.repeats),
+                   "--hidden", str(args.hidden), "--layers", str(args.layers), "--vocab", str(args.vocab),
+                   "--threads", str(args.threads)] + (["--pool", args.pool] if args.pool else [])
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            res[mode] = json.loads(out.strip().splitlines()[-1])
+            r = res[mode]
+            print(f"{sc:<12} {mode:<7} {r['step_s']:>8.3f} {r['peak_mib']:>9.1f} {r['forward_tokens']:>10}")
+        token_ratio = res["packed"]["packed_tokens"] / res["packed"]["tokens"]
+        time_ratio = res["packed"]["step_s"] / res["padded"]["step_s"]
+        ok = time_ratio <= 1.2 * token_ratio
+        print(f"{sc:<12} token ratio {token_ratio:.3f}  time packed/padded {time_ratio:.3f}  "
+              f"packed/single {res['packed']['step_s'] / res['single']['step_s']:.3f}  "
+              f"target <= {1.2 * token_ratio:.3f}: {'met' if ok else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

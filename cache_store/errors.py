@@ -1,0 +1,31 @@
+"""Errors raised by the cache store.
+
+`cache_store` never imports click or torch, so these are plain exceptions; the CLI
+(srtcli/cache_cmd.py) turns every `CacheError` into a one-line `SrtError` (exit 1).
+"""
+
+from __future__ import annotations
+
+
+class CacheError(Exception):
+    """Something about a cache directory the user can fix (message names the path)."""
+
+
+class NotACacheError(CacheError):
+    """The directory is missing, or holds something that is not an srt cache."""
+
+
+class FormatVersionError(CacheError):
+    """The cache was written by a newer srt (a format this code cannot read)."""
+
+
+class CacheBusyError(CacheError):
+    """An operation that needs the cache to itself (compaction) found other users."""
+
+
+class CorruptRecord(ValueError):
+    """A stored tree record failed its checksum or could not be decoded."""
+
+
+class CorruptTreeWarning(UserWarning):
+    """A tree record was skipped because it is corrupt (drafting goes on without it)."""

@@ -1,0 +1,147 @@
+"""Warming a cache from rollouts that already exist (`srt cache add`).
+
+Two sources, both reduced to (prompt ids, response ids) pairs:
+- rollout JSONL lines (`parse_rollout_line`): token ids (`prompt_ids`, `response_ids`) or
+  text (`prompt` as a string or chat messages, `response`), which the caller tokenizes;
+- steps-pool trajectories (`pool_rollouts`): the prompt is the first step's tokens before
+  its first trained token, the response everything after the prompt in the last step.
+
+`Warmer` inserts each response into the delta tree of its prompt's uid (the tree stores
+responses: the drafting context is the response so far) and commits the deltas in batches
+of about `batch_tokens` tokens, so memory stays bounded on large inputs. It never advances
+the logical clock. Like the rollout drafter (srtcli/drafters/srt.py), it streams each
+response preceded by the prompt's last token (the anchor), so warmed trees have exactly the
+shape rollouts build and a sample can be drafted from its first token.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Protocol
+
+from cache_store.store import CacheStore
+from cache_store.trie import TokenTree
+from cache_store.uid import prompt_uid
+
+MAX_TOKEN_ID = 2**31 - 1  # the tree's limit
+
+
+@dataclass
+class RolloutLine:
+    """One JSONL rollout: ids, or text still to tokenize (exactly one of the two is set)."""
+
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    prompt: str | list[dict[str, str]] | None = None
+    response: str | None = None
+
+
+def _ids(d: dict, key: str, allow_empty: bool) -> list[int]:
+    ids = d.get(key)
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ValueError(f"`{key}` must be a list of integers")
+    if not ids and not allow_empty:
+        raise ValueError(f"`{key}` must not be empty")
+    if any(t < 0 for t in ids):
+        raise ValueError(f"`{key}` has a negative token id")
+    if any(t > MAX_TOKEN_ID for t in ids):
+        raise ValueError(f"`{key}` has a token id above {MAX_TOKEN_ID}")
+    return ids
+
+
+def _messages(prompt: Any) -> list[dict[str, str]]:
+    if not prompt:
+        raise ValueError("`prompt` must not be an empty list")
+    for m in prompt:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ValueError("`prompt` messages must be objects with string `role` and `content`")
+    return prompt
+
+
+def parse_rollout_line(text: str) -> RolloutLine:
+    """Parse and validate one JSONL line; raises ValueError with a short reason."""
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"malformed JSON ({e.msg})") from None
+    if not isinstance(d, dict):
+        raise ValueError("a rollout must be a JSON object")
+    if "prompt_ids" in d or "response_ids" in d:
+        return RolloutLine(prompt_ids=_ids(d, "prompt_ids", False), response_ids=_ids(d, "response_ids", True))
+    if "prompt" not in d or "response" not in d:
+        raise ValueError("a rollout needs `prompt_ids` and `response_ids`, or `prompt` and `response`")
+    prompt, response = d["prompt"], d["response"]
+    if isinstance(prompt, list):
+        prompt = _messages(prompt)
+    elif not isinstance(prompt, str) or not prompt:
+        raise ValueError("`prompt` must be a non-empty string or a list of chat messages")
+    if not isinstance(response, str):
+        raise ValueError("`response` must be a string")
+    return RolloutLine(prompt=prompt, response=response)
+
+
+class StepLike(Protocol):
+    """What `pool_rollouts` needs of a steps-pool record (srtcli.pool.StepRecord)."""
+
+    prompt_uid: str
+    trajectory_id: str
+    step: int
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def pool_rollouts(steps: Iterable[StepLike]) -> Iterator[tuple[list[int], list[int]]]:
+    """(prompt ids, response ids) of every trajectory in a stream of steps (any order)."""
+    first: dict[tuple[str, str], tuple[int, array]] = {}
+    last: dict[tuple[str, str], tuple[int, array]] = {}
+    for s in steps:
+        key = (s.prompt_uid, s.trajectory_id)
+        if key not in first or s.step < first[key][0]:
+            cut = s.loss_mask.index(1) if 1 in s.loss_mask else len(s.input_ids)
+            first[key] = (s.step, array("i", s.input_ids[:cut]))
+        if key not in last or s.step > last[key][0]:
+            last[key] = (s.step, array("i", s.input_ids))
+    for key, (_, prompt) in first.items():
+        whole = last[key][1]
+        yield prompt.tolist(), whole[len(prompt):].tolist()
+
+
+class Warmer:
+    """Insert rollouts into per-prompt delta trees and commit them in bounded batches."""
+
+    def __init__(self, store: CacheStore, tokenizer_fingerprint: str, max_depth: int = 64,
+                 batch_tokens: int = 2_000_000):
+        self.store = store
+        self.fingerprint = tokenizer_fingerprint
+        self.max_depth = max_depth
+        self.batch_tokens = batch_tokens
+        self._deltas: dict[str, TokenTree] = {}
+        self._pending = 0
+        self.rollouts = 0
+        self.tokens = 0
+        self.uids: set[str] = set()
+
+    def add(self, prompt_ids: list[int], response_ids: list[int]) -> str:
+        """Count one rollout; returns its prompt uid. Commits when the batch is full."""
+        uid = prompt_uid(prompt_ids, self.fingerprint)
+        self.rollouts += 1
+        self.uids.add(uid)
+        if response_ids:
+            tree = self._deltas.get(uid)
+            if tree is None:
+                tree = self._deltas[uid] = TokenTree(max_depth=self.max_depth)
+            tree.insert(prompt_ids[-1:] + list(response_ids))  # the anchor, then the response
+            self.tokens += len(response_ids)
+            self._pending += len(response_ids)
+            if self._pending >= self.batch_tokens:
+                self.flush()
+        return uid
+
+    def flush(self) -> None:
+        """Commit the deltas gathered so far (one write transaction)."""
+        if self._deltas:
+            self.store.commit_many(self._deltas)
+        self._deltas = {}
+        self._pending = 0

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# GRPO on the bundled arith workload: E epochs of  rollout -> pack -> train,  then a last rollout
+# with the final checkpoint, and a report (examples/rl_report.py: report.md, reward.png,
+# accepted.png, metrics.json in the run directory).
+#
+#   examples/rl_loop.sh [RUN_DIR]                  # default RUN_DIR: runs/arith
+#   EPOCHS=3 K=8 LR=2e-4 examples/rl_loop.sh runs/x
+#
+# The tree cache (RUN_DIR/cache, or $CACHE) is kept across epochs and across invocations:
+# kill the script and start it again with the same RUN_DIR and it continues where it stopped
+# (finished stages are skipped, a half-written pool is resumed, training resumes from its last
+# checkpoint) with the cache warm. Each stage's JSON summary is written only when it succeeds.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(dirname "$HERE")"
+RUN="${1:-runs/arith}"
+EPOCHS="${EPOCHS:-3}"            # training epochs; epoch EPOCHS is a rollout-only epoch
+K="${K:-8}"                      # samples per prompt (the GRPO group)
+EVAL_K="${EVAL_K:-4}"
+PROMPTS="${PROMPTS:-$HERE/arith/prompts.jsonl}"
+EVAL="${EVAL:-$HERE/arith/eval.jsonl}"
+LR="${LR:-2e-4}"
+BATCH="${BATCH:-256}"            # steps per optimizer step
+MAX_NEW="${MAX_NEW:-96}"
+CACHE="${CACHE:-$RUN/cache}"
+DRAFT="${DRAFT:-srt}"
+
+if [[ -z "${SRT:-}" ]]; then
+  if command -v srt >/dev/null; then SRT=srt; else SRT="$ROOT/.venv/bin/srt"; fi
+fi
+if [[ -z "${PYTHON:-}" ]]; then
+  if [[ -x "$ROOT/.venv/bin/python" ]]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON=python3; fi
+fi
+MODEL0="${MODEL:-$("$PYTHON" -c 'from srtcli.models import default_model_dir; print(default_model_dir())')}"
+
+mkdir -p "$RUN"
+CMDS="$RUN/commands.txt"
+[[ -f "$CMDS" ]] || echo "# $(date -u +%FT%TZ) examples/rl_loop.sh $RUN  (EPOCHS=$EPOCHS K=$K EVAL_K=$EVAL_K LR=$LR BATCH=$BATCH)" > "$CMDS"
+
+# run OUT.json CMD...: run CMD, keep its last stdout line (the --json object) in OUT.json.
+run() {
+  local out="$1"; shift
+  if [[ -s "$out" ]]; then echo "skip (done): $*" >&2; return; fi
+  echo "$*" >> "$CMDS"
+  echo "+ $*" >&2
+  "$@" | tail -n 1 > "$out.tmp"
+  mv "$out.tmp" "$out"
+}
+
+rollout() {  # rollout PROMPTS MODEL N CACHE POOL_DIR SEED OUT.json
+  local resume=()
+  [[ -f "$5/rollout.jsonl" ]] && resume=(--resume)
+  run "$7" "$SRT" rollout --prompts "$1" --model "$2" -n "$3" --cache "$4" --out "$5" --seed "$6" \
+    --tools calculator --reward exact_match --draft "$DRAFT" --max-new-tokens "$MAX_NEW" "${resume[@]}" --json
+}
+
+model="$MODEL0"
+for ((e = 0; e <= EPOCHS; e++)); do
+  d="$RUN/epoch-$e"
+  mkdir -p "$d"
+  start=$(date +%s)
+  rollout "$PROMPTS" "$model" "$K" "$CACHE" "$d/pool" "$e" "$d/rollout.json"
+  # Eval prompts get their own cache so they never warm the training prompts' trees.
+  rollout "$EVAL" "$model" "$EVAL_K" "$RUN/eval-cache" "$d/eval-pool" "$((1000 + e))" "$d/eval.json"
+  if ((e < EPOCHS)); then
+    run "$d/pack.json" "$SRT" pack --steps "$d/pool" --out "$d/shards" --overwrite --json
+    resume=()
+    [[ -d "$d/ckpt" ]] && resume=(--resume)
+    run "$d/train.json" "$SRT" train --shards "$d/shards" --model "$model" --out "$d/ckpt" \
+      --lr "$LR" --batch-size "$BATCH" --seed "$e" "${resume[@]}" --json
+    model="$d/ckpt"
+  fi
+  echo "epoch $e done in $(( $(date +%s) - start ))s" >&2
+done
+
+"$PYTHON" "$HERE/rl_report.py" "$RUN"

@@ -1,0 +1,118 @@
+"""The `srt` drafter: one token tree per prompt, from the LMDB cache, fed on the fly.
+
+When the first sample of a prompt (group) takes a slot, the group's tree is loaded from the
+cache (`CacheStore.load(uid)`, already decayed) or started empty. Every token any sample of the
+group appends (generated or tool output) goes into that live tree at once, so later and
+concurrent samples of the same prompt draft from it, and into a separate *delta* tree holding
+only what this run added; when the group ends, the delta is merged into LMDB
+(`commit_many`), so concurrent writers add counts instead of overwriting each other.
+
+Each sequence is streamed into the trees starting with the prompt's last token (an anchor), so
+a sample can be drafted from its very first token. Run-ahead sequences are ordinary sequences
+of a future group: their tokens reach that group's trees and nothing else.
+
+Two exact ways to draft (see srtcli/verify.py):
+- `mode="greedy"`: follow the most frequent child (`TokenTree.draft`); a point mass.
+- `mode="sample"`: sample each child in proportion to its count among the children the tree
+  lists (`TokenTree.draft_tree`), recording q; verified with the ratio rule.
+bench/rollout_bench.py measures both; the default is the one that accepted more there.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from cache_store.trie import TokenTree
+from srtcli.drafters import Drafter, Proposal
+
+DEPTH = 64
+
+
+@dataclass
+class _Group:
+    tree: TokenTree
+    delta: TokenTree
+    hit: bool  # the cache held a tree for the prompt when it was first needed
+    counted: bool = False
+
+
+class SrtDrafter(Drafter):
+    name = "srt"
+
+    def __init__(self, store: Any = None, min_prob: float = 0.1, mode: str = "greedy", seed: int = 0):
+        if mode not in ("greedy", "sample"):
+            raise ValueError("mode must be 'greedy' or 'sample'")
+        self.store, self.min_prob, self.mode = store, min_prob, mode
+        self.groups: dict[str, _Group] = {}
+        self.rng = random.Random(seed)
+        self.loaded = self.hits = 0
+
+    def _group(self, uid: str) -> _Group:
+        g = self.groups.get(uid)
+        if g is None:
+            tree = self.store.load(uid) if self.store is not None else None
+            hit = tree is not None and tree.mass > 0
+            g = self.groups[uid] = _Group(tree or TokenTree(max_depth=DEPTH), TokenTree(max_depth=DEPTH), hit)
+        return g
+
+    def begin(self, seq: Any) -> None:
+        g = self._group(seq.group)
+        if not seq.runahead and not g.counted:  # the hit rate is over real groups only
+            g.counted = True
+            self.loaded += 1
+            self.hits += g.hit
+        streams = (g.tree.stream(), g.delta.stream())
+        anchor = [seq.prompt_ids[-1]]
+        for s in streams:
+            s.extend(anchor)
+        # the sequence keeps its group's tree: a run-ahead sequence may outlive the group
+        seq.drafter_state = (g.tree, streams)
+
+    def propose(self, seq: Any, budget: int) -> Proposal:
+        tree = seq.drafter_state[0]
+        ctx = ([seq.prompt_ids[-1]] + seq.output)[-DEPTH:]
+        if self.mode == "greedy":
+            return Proposal(tree.draft(ctx, budget=budget, min_prob=self.min_prob).tokens)
+        return self._sample(tree, ctx, budget)
+
+    def _sample(self, tree: TokenTree, ctx: list[int], budget: int) -> Proposal:
+        dt = tree.draft_tree(ctx, budget=4 * budget, min_prob=self.min_prob)
+        kids: dict[int, list[int]] = {}
+        for i, par in enumerate(dt.parents):
+            kids.setdefault(par, []).append(i)
+        toks, qs, dists, node = [], [], [], -1
+        while len(toks) < budget and node in kids:
+            idx = kids[node]
+            total = sum(dt.probs[i] for i in idx)
+            dist = {dt.tokens[i]: dt.probs[i] / total for i in idx}
+            node = self.rng.choices(idx, weights=[dt.probs[i] for i in idx])[0]
+            toks.append(dt.tokens[node])
+            qs.append(dist[dt.tokens[node]])
+            dists.append(dist)
+        return Proposal(toks, qs, dists) if toks else Proposal([])
+
+    def extend(self, seq: Any, tokens: list[int]) -> None:
+        for s in seq.drafter_state[1]:
+            s.extend(tokens)
+
+    def end(self, seq: Any) -> None:
+        seq.drafter_state = None
+
+    def group_done(self, uid: str) -> None:
+        g = self.groups.pop(uid, None)
+        if g is not None and self.store is not None and g.delta.mass > 0:
+            self.store.commit_many({uid: g.delta})
+
+    def close(self) -> None:
+        """Commit what is still held (e.g. run-ahead trees of prompts not reached)."""
+        if self.store is not None:
+            deltas = {u: g.delta for u, g in self.groups.items() if g.delta.mass > 0}
+            if deltas:
+                self.store.commit_many(deltas)
+        self.groups.clear()
+
+    def stats(self) -> dict[str, float]:
+        return {"cache_groups": self.loaded, "cache_hits": self.hits,
+                "cache_hit_rate": self.hits / self.loaded if self.loaded else 0.0}

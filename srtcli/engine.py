@@ -1,0 +1,372 @@
+"""Batched speculative generation for any HF causal LM: a per-slot KV cache, ragged acceptance,
+continuous batching.
+
+How the pieces fit:
+
+- `SlotKVCache` is a transformers `Cache` whose per-layer buffers are [slots, kv_heads, L+1, D].
+  Each slot (one sequence) has its own valid length; a forward writes the new keys/values at each
+  row's own positions (a scatter), and rolling back rejected draft positions is just not
+  counting them (they are overwritten later and never visible meanwhile). Column L is a trash
+  column where padding queries write.
+- Every forward passes per-row `position_ids` and an explicit additive 4-D mask (transformers
+  uses a 4-D mask as-is), so rows of different lengths share one forward. Rows are left-padded,
+  so the positions we need logits for are the last `max_draft + 1` of every row
+  (`logits_to_keep`).
+- A row's input is its *pending* tokens (the last emitted token, a whole prompt for a fresh
+  slot, or tool output) followed by its draft. One forward gives the shaped target distribution
+  at every draft position; `srtcli.verify` accepts a prefix and emits one more token.
+- `Engine.step()` drafts for every live slot, runs one forward per bucket (decode rows and
+  prefill rows are separate so a long prompt does not pad every decode row), verifies, applies
+  the stop rules (EOS, max tokens, a tool stop via `stop_fn`), and frees finished slots. The
+  caller refills free slots with `admit` (continuous batching) and may `drop` run-ahead slots.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache
+
+from srtcli.drafters import Drafter, Proposal
+from srtcli.sampling import SamplingParams, shape_probs
+from srtcli.verify import verify_drafts
+
+
+def _slot_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """SDPA with our explicit additive mask, letting SDPA handle grouped KV heads itself
+    (transformers' sdpa path copies K/V per group whenever a mask is given)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, scale=scaling,
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register("srt_slots", _slot_attention)
+
+
+class SlotKVCache(Cache):
+    """Per-slot keys/values with independent lengths; see the module docstring."""
+
+    def __init__(self, slots: int, max_len: int):
+        super().__init__(layers=[])
+        self.slots, self.max_len = slots, max_len
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+        self._rows = self._widx = None
+        self._all = False
+        self._lcur = 0
+
+    def prepare(self, rows: torch.Tensor, widx: torch.Tensor, lcur: int, all_slots: bool = False) -> None:
+        """Set where the next forward writes: batch row i is slot rows[i], its query c goes to
+        column widx[i, c]; attention reads columns [0, lcur). `all_slots`: rows is exactly
+        0..slots-1, so reads are views instead of gathers."""
+        self._rows, self._widx, self._lcur, self._all = rows, widx, lcur, all_slots
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if layer_idx not in self.k:
+            _, heads, _, dim = key_states.shape
+            shape = (self.slots, heads, self.max_len + 1, dim)
+            self.k[layer_idx] = key_states.new_zeros(shape)
+            self.v[layer_idx] = value_states.new_zeros(shape)
+        kb, vb = self.k[layer_idx], self.v[layer_idx]
+        rows = self._rows[:, None]
+        kb[rows, :, self._widx] = key_states.transpose(1, 2).to(kb.dtype)
+        vb[rows, :, self._widx] = value_states.transpose(1, 2).to(vb.dtype)
+        if self._all:
+            return kb[:, :, : self._lcur], vb[:, :, : self._lcur]
+        return kb[self._rows, :, : self._lcur], vb[self._rows, :, : self._lcur]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # positions are always passed explicitly
+
+
+@dataclass
+class Sequence:
+    """One trajectory being generated (a sample of a prompt, or a run-ahead continuation)."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    group: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+    runahead: bool = False
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    turns: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each model turn
+    turn_start: int = 0
+    cache_len: int = 0
+    generated: int = 0
+    finish_reason: str | None = None
+    slot: int = -1
+    forwards: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafter_state: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt_ids)
+            self.logprobs = [0.0] * len(self.tokens)
+            self.mask = [0] * len(self.tokens)
+        self.turn_start = len(self.tokens)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[len(self.prompt_ids):]
+
+
+@dataclass
+class EngineStats:
+    """Counters over real (not run-ahead) rows unless named otherwise."""
+
+    forwards: int = 0  # model forward calls that carried at least one real row
+    all_forwards: int = 0
+    row_forwards: int = 0  # (sequence, forward) pairs
+    emitted: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    runahead_tokens: int = 0
+
+
+StopFn = Callable[[Sequence, list[int]], "int | None"]
+TurnEndFn = Callable[[Sequence], "list[int] | None"]
+
+
+class Engine:
+    """Speculative batched generation over a fixed number of slots."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        params: SamplingParams,
+        drafter: Drafter,
+        slots: int = 8,
+        budget: int = 8,
+        max_len: int = 1024,
+        eos_ids: set[int] | frozenset[int] = frozenset(),
+        seed: int = 0,
+        stop_fn: StopFn | None = None,
+        turn_end: TurnEndFn | None = None,
+    ):
+        self.model, self.params, self.drafter = model, params, drafter
+        self.budget, self.max_len, self.eos_ids = budget, max_len, set(eos_ids)
+        self.stop_fn, self.turn_end = stop_fn, turn_end
+        self.device = next(model.parameters()).device
+        # our attention function only while the engine runs the model (the model stays as given)
+        self._attn = "srt_slots" if model.config._attn_implementation in ("sdpa", "eager") else None
+        self.dtype = next(model.parameters()).dtype
+        self.cache = SlotKVCache(slots, max_len)
+        self.slots: list[Sequence | None] = [None] * slots
+        self.gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.stats = EngineStats()
+
+    # -- slots ---------------------------------------------------------------
+    def free_slots(self) -> int:
+        return sum(s is None for s in self.slots)
+
+    def active(self) -> list[Sequence]:
+        return [s for s in self.slots if s is not None]
+
+    def admit(self, seq: Sequence) -> None:
+        """Put a sequence in a free slot; its prompt is prefilled by the next step."""
+        slot = self.slots.index(None)
+        if len(seq.tokens) >= self.max_len:
+            raise ValueError(f"sequence of {len(seq.tokens)} tokens does not fit max_len {self.max_len}")
+        seq.slot, seq.cache_len = slot, 0
+        self.slots[slot] = seq
+        self.drafter.begin(seq)
+
+    def drop(self, seq: Sequence) -> None:
+        """Free a slot now (run-ahead work that is no longer wanted)."""
+        if seq.finish_reason is None:
+            seq.finish_reason = "dropped"
+        self.slots[seq.slot] = None
+        self.drafter.end(seq)
+
+    # -- one step ------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """Draft, verify and extend every live slot once; returns the sequences that finished."""
+        rows = self.active()
+        if not rows:
+            return []
+        props = [self._propose(s) for s in rows]
+        decode = [i for i, s in enumerate(rows) if len(s.tokens) - s.cache_len <= 1]
+        prefill = [i for i, s in enumerate(rows) if len(s.tokens) - s.cache_len > 1]
+        done: list[Sequence] = []
+        for bucket in (decode, prefill):
+            if bucket:
+                done += self._run([rows[i] for i in bucket], [props[i] for i in bucket])
+        return done
+
+    def _propose(self, seq: Sequence) -> Proposal:
+        pending = len(seq.tokens) - seq.cache_len
+        room = min(
+            self.budget,
+            seq.max_new_tokens - seq.generated - 1,
+            self.max_len - seq.cache_len - pending - 1,
+        )
+        if room <= 0:
+            return Proposal([])
+        prop = self.drafter.propose(seq, room)
+        return prop.truncate(room)
+
+    def _run(self, rows: list[Sequence], props: list[Proposal]) -> list[Sequence]:
+        p = self._forward(rows, props)
+        b, kk, vocab = p.shape
+        n = kk - 1
+        draft = torch.zeros((b, max(n, 1)), dtype=torch.long)
+        dlen = torch.tensor([len(pr.tokens) for pr in props], dtype=torch.long)
+        sampled = torch.tensor([pr.q is not None and len(pr.tokens) > 0 for pr in props])
+        q_tok = q_dist = None
+        if n > 0:
+            draft = torch.tensor([pr.tokens + [0] * (n - len(pr.tokens)) for pr in props], dtype=torch.long)
+        if bool(sampled.any()):
+            q_tok = torch.ones((b, max(n, 1)))
+            q_dist = torch.zeros((b, max(n, 1), vocab))
+            for r, pr in enumerate(props):
+                if sampled[r]:
+                    q_tok[r, : len(pr.tokens)] = torch.tensor(pr.q)
+                    for k, dist in enumerate(pr.dists):
+                        q_dist[r, k, list(dist)] = torch.tensor(list(dist.values()))
+            q_tok, q_dist = q_tok.to(self.device), q_dist.to(self.device)
+        draft, dlen, sampled = draft.to(self.device), dlen.to(self.device), sampled.to(self.device)
+        v = verify_drafts(p, draft[:, :n], dlen, self.gen, sampled, q_tok, q_dist)
+        # emitted tokens per row: draft[:a] then the final one; their log-probs under p
+        ar = torch.arange(kk, device=self.device)[None, :]
+        padded = torch.cat([draft[:, :n], torch.zeros((b, 1), dtype=torch.long, device=self.device)], 1)
+        emitted = torch.where(ar < v.accepted[:, None], padded, v.final[:, None])
+        lps = p.gather(-1, emitted[..., None]).squeeze(-1).clamp_min(1e-38).log()
+        acc, em, lp = v.accepted.tolist(), emitted.tolist(), lps.tolist()
+        done = []
+        for r, seq in enumerate(rows):
+            a = acc[r]
+            if self._apply(seq, len(props[r].tokens), a, em[r][: a + 1], lp[r][: a + 1]):
+                done.append(seq)
+        return done
+
+    def _forward(self, rows: list[Sequence], props: list[Proposal]) -> torch.Tensor:
+        """One forward of pending + draft tokens for `rows`; shaped p aligned so that
+        p[r, k] is the distribution after the row's pending tokens and k draft tokens."""
+        inputs = [s.tokens[s.cache_len:] + pr.tokens for s, pr in zip(rows, props)]
+        b, q = len(rows), max(len(x) for x in inputs)
+        keep = max(len(pr.tokens) for pr in props) + 1
+        ids, pos, widx, offs = [], [], [], []
+        for s, x in zip(rows, inputs):
+            pad = q - len(x)
+            offs.append(pad)
+            ids.append([0] * pad + x)
+            p = list(range(s.cache_len, s.cache_len + len(x)))
+            pos.append([0] * pad + p)
+            widx.append([self.max_len] * pad + p)  # padding writes go to the trash column
+        ids_t, pos_t = torch.tensor(ids), torch.tensor(pos)
+        lcur = int(max(s.cache_len + len(x) for s, x in zip(rows, inputs)))
+        keys = torch.arange(lcur)
+        vis = self._visible(pos_t, keys)
+        real_q = torch.arange(q)[None, :] >= torch.tensor(offs)[:, None]
+        vis = torch.where(real_q[..., None], vis, keys[None, None, :] == 0)
+        mask = torch.zeros((b, 1, q, lcur), dtype=self.dtype)
+        mask.masked_fill_(~vis[:, None], torch.finfo(self.dtype).min)
+        slots = [s.slot for s in rows]
+        slot_idx = torch.tensor(slots, dtype=torch.long, device=self.device)
+        all_slots = slots == list(range(len(self.slots)))
+        self.cache.prepare(slot_idx, torch.tensor(widx, device=self.device), lcur, all_slots)
+        cfg = self.model.config
+        saved = cfg._attn_implementation
+        if self._attn:
+            cfg._attn_implementation = self._attn
+        try:
+            out = self._call_model(
+                input_ids=ids_t.to(self.device),
+                position_ids=pos_t.to(self.device),
+                attention_mask=mask.to(self.device),
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
+        finally:
+            cfg._attn_implementation = saved
+        self.stats.all_forwards += 1
+        if any(not s.runahead for s in rows):
+            self.stats.forwards += 1
+        if keep == 1:
+            return shape_probs(out.logits, self.params)
+        # row r's needed logits are the last len(draft_r) + 1 of the kept ones
+        dl = torch.tensor([len(pr.tokens) for pr in props])
+        idx = (keep - 1 - dl)[:, None] + torch.arange(keep)[None, :]
+        idx = idx.clamp(max=keep - 1).to(self.device)
+        logits = out.logits.gather(1, idx[..., None].expand(-1, -1, out.logits.shape[-1]))
+        return shape_probs(logits, self.params)
+
+    @torch.inference_mode()
+    def _call_model(self, **kw: Any) -> Any:
+        return self.model(**kw)
+
+    @staticmethod
+    def _visible(pos: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """[b, q, lcur] which cache columns each query sees: its own row's positions up to its
+        own. Columns past a row's valid length (rejected drafts, other rows' padding) hide."""
+        return keys[None, None, :] <= pos[:, :, None]
+
+    def _apply(self, seq: Sequence, drafted: int, a: int, emitted: list[int], lps: list[float]) -> bool:
+        """Append a row's emitted tokens, apply the stop rules; True if the sequence finished."""
+        old_len = len(seq.tokens)
+        kv_valid = old_len + a  # pending tokens and the accepted drafts now have KV
+        cut, reason = len(emitted), None
+        for i, t in enumerate(emitted):
+            if t in self.eos_ids:
+                cut, reason = i + 1, "stop"
+                break
+        if self.stop_fn is not None:
+            c = self.stop_fn(seq, emitted[:cut])
+            if c is not None:
+                cut, reason = c, "tool"
+        left = min(seq.max_new_tokens - seq.generated, self.max_len - old_len)
+        if cut > left or (cut == left and reason is None):
+            cut, reason = left, "length"
+        seq.tokens += emitted[:cut]
+        seq.logprobs += lps[:cut]
+        seq.mask += [1] * cut
+        seq.generated += cut
+        seq.cache_len = min(kv_valid, len(seq.tokens))
+        if not seq.runahead:
+            seq.forwards += 1
+            seq.drafted += drafted
+            seq.accepted += min(a, drafted)
+            st = self.stats
+            st.row_forwards += 1
+            st.emitted += cut
+            st.drafted += drafted
+            st.accepted += min(a, drafted)
+        else:
+            self.stats.runahead_tokens += cut
+        if cut:
+            self.drafter.extend(seq, emitted[:cut])
+        if reason is None:
+            return False
+        seq.turns.append((seq.turn_start, len(seq.tokens)))
+        if reason == "tool" and self.turn_end is not None:
+            inject = self.turn_end(seq)
+            room = self.max_len - len(seq.tokens) - 1
+            if inject and len(inject) <= room and seq.generated < seq.max_new_tokens:
+                seq.tokens += inject
+                seq.logprobs += [0.0] * len(inject)
+                seq.mask += [0] * len(inject)
+                seq.turn_start = len(seq.tokens)
+                self.drafter.extend(seq, inject)
+                return False
+            reason = "length" if inject else "stop"
+        elif reason == "tool":
+            reason = "stop"
+        seq.finish_reason = reason
+        self.slots[seq.slot] = None
+        self.drafter.end(seq)
+        return True
+
+    @property
+    def accepted_per_forward(self) -> float:
+        return self.stats.emitted / self.stats.row_forwards if self.stats.row_forwards else math.nan

@@ -1,0 +1,85 @@
+"""Reading the prompts file of `srt rollout`: JSONL, one prompt per line, validated.
+
+Each line is an object with `prompt` (a string, or a list of chat messages `{"role",
+"content"}`), optional `id` (default: `line-N`) and optional `answer` (for `exact_match`).
+Chat messages are rendered with the tokenizer's chat template (add_generation_prompt=True); a
+string is rendered as one user message when the tokenizer has a chat template (the bundled
+model was trained that way), else tokenized as it is (srtcli.tokenizers.encode_prompt).
+Every problem is a one-line `SrtError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from srtcli.errors import SrtError, at
+from srtcli.tokenizers import encode_prompt
+
+
+@dataclass
+class PromptRecord:
+    """One prompt line: the raw record (for rewards), its id and its token ids."""
+
+    line: int
+    record: dict[str, Any]
+    id: str
+    ids: list[int]
+
+
+def _messages_ok(msgs: Any) -> bool:
+    return isinstance(msgs, list) and bool(msgs) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in msgs
+    )
+
+
+def render(tokenizer: Any, prompt: Any) -> list[int]:
+    """Token ids of a prompt (string or chat messages); ValueError with a short reason.
+
+    Encoding is `srtcli.tokenizers.encode_prompt`, the one every cache writer uses, so a
+    prompt always gets the same cache uid."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("`prompt` is empty")
+    elif not _messages_ok(prompt):
+        raise ValueError("`prompt` must be a string or a non-empty list of {role, content} messages")
+    return [int(t) for t in encode_prompt(tokenizer, prompt)]
+
+
+def read_prompts(path: str | Path, tokenizer: Any, max_prompt_tokens: int) -> list[PromptRecord]:
+    """All prompts of a JSONL file, validated and tokenized (errors name file and line)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SrtError(f"{path}: prompts file not found") from None
+    except (UnicodeDecodeError, IsADirectoryError):
+        raise SrtError(f"{path}: not a UTF-8 JSONL file") from None
+    out: list[PromptRecord] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise at(path, lineno, f"malformed JSON ({e.msg})") from None
+        if not isinstance(rec, dict) or "prompt" not in rec:
+            raise at(path, lineno, "each line must be an object with a `prompt` field")
+        if "id" in rec and not isinstance(rec["id"], (str, int)):
+            raise at(path, lineno, "`id` must be a string or an integer")
+        try:
+            ids = render(tokenizer, rec["prompt"])
+        except ValueError as e:
+            raise at(path, lineno, str(e)) from None
+        if not ids:
+            raise at(path, lineno, "the prompt renders to no tokens")
+        if len(ids) > max_prompt_tokens:
+            raise at(path, lineno, f"the prompt has {len(ids)} tokens; the model's context allows "
+                                   f"at most {max_prompt_tokens} before generation")
+        out.append(PromptRecord(lineno, rec, str(rec.get("id", f"line-{lineno}")), ids))
+    if not out:
+        raise SrtError(f"{path}: no prompts (the file is empty)")
+    return out

@@ -1,0 +1,124 @@
+"""Reward functions for `srt rollout --reward`: the built-in `exact_match` and user functions.
+
+A reward function is `fn(prompt_record: dict, completion_text: str) -> float`, where
+`prompt_record` is the prompt's line of the prompts file (it has `prompt`, `id` and, for the
+bundled workload, `answer`) and `completion_text` is everything the model and its tools wrote
+after the prompt (all turns, tool results included).
+
+    fn = load_reward("exact_match")       # a built-in name
+    fn = load_reward("mypkg.rewards:fn")  # or MODULE:FUNCTION, or path/to/file.py:FUNCTION
+    r = fn(record, text)                  # float; user errors become one-line SrtErrors
+
+`load_reward` wraps user functions so that an exception inside one, or a value that is not a
+finite number, is reported as one line naming the function and the prompt id, instead of a
+traceback halfway through a rollout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from srtcli.errors import SrtError
+
+RewardFn = Callable[[dict, str], float]
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_answer(text: str) -> str | None:
+    """The value of the last complete `<answer>VALUE</answer>` in `text`, stripped; or None."""
+    found = _ANSWER.findall(text)
+    return found[-1].strip() if found else None
+
+
+def _normalize(value: Any) -> str:
+    text = str(value).strip()
+    # "007", "+7" and "7" are the same integer; anything else compares as text.
+    if re.fullmatch(r"[+-]?\d+", text):
+        return str(int(text))
+    return text
+
+
+def exact_match(prompt_record: dict, completion_text: str) -> float:
+    """1.0 if the completion's final `<answer>` equals the record's `answer`, else 0.0."""
+    if "answer" not in prompt_record:
+        pid = prompt_record.get("id", "?")
+        raise SrtError(f"exact_match: prompt {pid!r} has no 'answer' field")
+    got = extract_answer(completion_text)
+    if got is None:
+        return 0.0
+    return 1.0 if _normalize(got) == _normalize(prompt_record["answer"]) else 0.0
+
+
+BUILTIN: dict[str, RewardFn] = {"exact_match": exact_match}
+
+
+def _import_target(module: str) -> Any:
+    if module.endswith(".py"):
+        path = Path(module)
+        if not path.is_file():
+            raise SrtError(f"{path}: reward file not found")
+        spec = importlib.util.spec_from_file_location(f"_srt_reward_{path.stem}", path)
+        mod = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(mod)
+        except Exception as e:
+            raise SrtError(f"{path}: importing the reward file failed: {type(e).__name__}: {e}") from None
+        return mod
+    # The `srt` console script does not put the working directory on sys.path; users expect
+    # `--reward myrewards:fn` to find ./myrewards.py as `python -m` would.
+    cwd = str(Path.cwd())
+    if cwd not in sys.path:
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise SrtError(f"reward module {module!r} not found ({e.name} is not importable)") from None
+    except Exception as e:
+        raise SrtError(f"importing reward module {module!r} failed: {type(e).__name__}: {e}") from None
+
+
+def _checked(spec: str, fn: Callable) -> RewardFn:
+    def reward(prompt_record: dict, completion_text: str) -> float:
+        pid = prompt_record.get("id", "?")
+        try:
+            value = fn(prompt_record, completion_text)
+        except SrtError:
+            raise
+        except Exception as e:
+            raise SrtError(f"reward {spec} raised {type(e).__name__}: {e} (prompt {pid!r})") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SrtError(f"reward {spec} returned {value!r}, not a finite number (prompt {pid!r})")
+        return float(value)
+
+    reward.__name__ = getattr(fn, "__name__", "reward")
+    reward.__doc__ = getattr(fn, "__doc__", None)
+    return reward
+
+
+def load_reward(spec: str) -> RewardFn:
+    """A reward function from a built-in name or `MODULE:FUNCTION` / `FILE.py:FUNCTION`."""
+    spec = spec.strip()
+    if spec in BUILTIN:
+        return BUILTIN[spec]
+    if spec.count(":") != 1 or not all(spec.split(":")):
+        # A Windows-style path is not supported; say what is.
+        known = ", ".join(sorted(BUILTIN))
+        raise SrtError(f"--reward {spec!r}: expected a built-in ({known}) or MODULE:FUNCTION")
+    module, name = spec.split(":")
+    mod = _import_target(module)
+    fn = getattr(mod, name, None)
+    if fn is None:
+        raise SrtError(f"reward {spec}: {module} has no attribute {name!r}")
+    if not callable(fn):
+        raise SrtError(f"reward {spec}: {name!r} is not callable")
+    return _checked(spec, fn)
+
+
+__all__ = ["RewardFn", "BUILTIN", "exact_match", "extract_answer", "load_reward"]

@@ -1,0 +1,354 @@
+"""`srt rollout`: speculative rollout of a prompts file into a steps pool.
+
+Pieces: prompts.py reads and tokenizes the prompts; engine.py generates (KV cache, ragged
+acceptance, continuous batching) with a drafter from drafters/ and verify.py; runahead.py
+schedules rollout batches and the long-tail run-ahead; this module wires them together, runs
+tools and rewards, writes one pool step per model turn (crash-safe, a whole group at a time,
+fsynced), resumes a killed run, and prints the summary.
+
+Pool file: `--out` itself if it ends in .jsonl, else `<out>/rollout.jsonl`. Every trajectory's
+last step carries `meta.last = true` and `meta.group_size = K`; `--resume` keeps the groups
+whose K trajectories are all complete, cuts any trailing partial group (or partial line), and
+rolls out the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from srtcli.config import config_option
+from srtcli.drafters import DRAFTERS
+from srtcli.errors import SrtError, at
+
+_STEP: Any = None
+SUMMARY_KEYS = ("generated_tokens", "wall_s", "tokens_per_s", "target_forwards", "accepted_per_forward",
+                "draft_acceptance_rate", "run_ahead_tokens", "cache_hit_rate")
+
+
+def cache_dir(opt: str | None) -> Path:
+    """--cache, else $SRT_CACHE, else ~/.cache/srt."""
+    return Path(opt or os.environ.get("SRT_CACHE") or Path.home() / ".cache" / "srt")
+
+
+def pool_file(out: str) -> Path:
+    p = Path(out)
+    return p if p.name.endswith(".jsonl") else p / "rollout.jsonl"
+
+
+def completed_groups(path: Path, k: int) -> set[str]:
+    """Groups already complete in a pool file left by an earlier run; cuts trailing partial
+    groups (and a partial last line) so that only whole groups remain."""
+    from srtcli.pool import parse_step, truncate_partial_line
+
+    if not path.exists():
+        return set()
+    truncate_partial_line(path)
+    done: dict[str, set[str]] = {}
+    keep, offset, last_uid = 0, 0, None
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            offset += len(raw)
+            if not raw.strip():
+                continue
+            try:
+                step = parse_step(raw.decode("utf-8"))
+            except (ValueError, UnicodeDecodeError) as e:
+                raise at(path, lineno, f"cannot resume: {e}") from None
+            size = step.meta.get("group_size")
+            if size != k:
+                raise at(path, lineno, f"cannot resume: written with -n {size}, now -n {k}")
+            if step.prompt_uid != last_uid and last_uid is not None and len(done.get(last_uid, ())) < k:
+                raise at(path, lineno, "cannot resume: an incomplete group is followed by another")
+            last_uid = step.prompt_uid
+            if step.meta.get("last"):
+                done.setdefault(step.prompt_uid, set()).add(step.trajectory_id)
+            if len(done.get(step.prompt_uid, ())) == k:
+                keep = offset
+    if keep != path.stat().st_size:
+        with open(path, "rb+") as f:
+            f.truncate(keep)
+    return {uid for uid, t in done.items() if len(t) == k}
+
+
+def _fast_step_class():
+    from srtcli.pool import StepRecord
+
+    class Step(StepRecord):
+        """A StepRecord whose JSON skips dataclasses.asdict's deep copy (measured ~80 us per
+        step, a visible share of a small model's rollout); same line format."""
+
+        def to_json(self) -> str:
+            d = {"prompt_uid": self.prompt_uid, "trajectory_id": self.trajectory_id, "step": self.step,
+                 "input_ids": self.input_ids, "loss_mask": self.loss_mask,
+                 "old_logprobs": self.old_logprobs, "reward": self.reward}
+            if self.advantage is not None:
+                d["advantage"] = self.advantage
+            if self.meta:
+                d["meta"] = self.meta
+            return json.dumps(d, separators=(",", ":"))
+
+    return Step
+
+
+def turn_steps(seq: Any, uid: str, reward: float, k: int) -> list:
+    """One pool step per model turn of a finished sequence."""
+    global _STEP
+    if _STEP is None:
+        _STEP = _fast_step_class()
+    StepRecord = _STEP
+    turns = [(s, e) for s, e in seq.turns if e > s]
+    out = []
+    for i, (s, e) in enumerate(turns):
+        mask = [0] * s + [1] * (e - s)
+        lps = [0.0] * s + seq.logprobs[s:e]
+        meta = {"prompt_id": seq.meta["prompt_id"], "sample": seq.meta["sample"],
+                "finish_reason": seq.finish_reason if i == len(turns) - 1 else "tool",
+                "group_size": k}
+        if i == len(turns) - 1:
+            meta["last"] = True
+        out.append(StepRecord(uid, f"{uid}-{seq.meta['sample']}", i, seq.tokens[:e], mask, lps, reward, meta=meta))
+    return out
+
+
+def tool_hooks(tok: Any, tool: str):
+    """(stop_fn, turn_end) for the engine: stop a turn where a tool call closes, then append
+    the tool's result as non-trained tokens."""
+    from srtcli.tools import find_tool_call, run_tool
+
+    ends = {i for t, i in tok.get_vocab().items() if ">" in tok.convert_tokens_to_string([t])}
+
+    def stop_fn(seq: Any, emitted: list[int]) -> int | None:
+        for i, t in enumerate(emitted):
+            if t in ends:
+                text = tok.decode(seq.tokens[seq.turn_start:] + emitted[: i + 1], skip_special_tokens=False)
+                if find_tool_call(text) is not None:
+                    return i + 1
+        return None
+
+    def turn_end(seq: Any) -> list[int] | None:
+        call = find_tool_call(tok.decode(seq.tokens[seq.turn_start:], skip_special_tokens=False))
+        if call is None:
+            return None
+        return list(tok.encode(run_tool(tool, call), add_special_tokens=False))
+
+    return stop_fn, turn_end
+
+
+@click.command()
+@config_option
+@click.option("--prompts", "prompts_path", required=True, type=click.Path(dir_okay=False), help="Prompts JSONL.")
+@click.option("--model", default=None, help="A local HF causal LM directory (default: the bundled model).")
+@click.option("-n", "--n", "k", type=click.IntRange(min=1), default=8, show_default=True, help="Samples per prompt.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0), default=1.0, show_default=True)
+@click.option("--top-p", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=1.0, show_default=True)
+@click.option("--top-k", type=click.IntRange(min=0), default=0, show_default=True, help="0 = off.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--draft", type=click.Choice(DRAFTERS), default="srt", show_default=True)
+@click.option("--budget", type=click.IntRange(min=0), default=8, show_default=True, help="Max draft tokens per step.")
+@click.option("--min-prob", type=click.FloatRange(0.0, 1.0), default=0.1, show_default=True,
+              help="srt: stop a draft when its path probability falls below this.")
+@click.option("--draft-mode", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
+              help="srt: follow the most frequent child (point mass) or sample children (ratio rule).")
+@click.option("--cache", "cache_opt", default=None, help="Cache directory (default $SRT_CACHE or ~/.cache/srt).")
+@click.option("--out", default="pool", show_default=True, help="Steps pool directory (or a .jsonl file).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Sequences generated together (engine slots).")
+@click.option("--rollout-batch", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Prompts per synchronous rollout batch (0 = the whole file).")
+@click.option("--run-ahead/--no-run-ahead", default=True, show_default=True)
+@click.option("--run-ahead-tokens", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--tools", type=click.Choice(["calculator"]), default=None)
+@click.option("--reward", default=None, help="exact_match or MODULE:FN (default: exact_match when "
+              "every prompt has an `answer`, else 0).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
+              help="CPU threads for torch (0 = torch's default).")
+@click.option("--resume", is_flag=True, help="Continue a pool a killed run left behind.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def rollout(**opts: Any) -> None:
+    """Speculative rollout: sample K completions per prompt into a steps pool (lossless)."""
+    summary = run_rollout(**opts)
+    if opts["as_json"]:
+        click.echo(json.dumps(summary))
+    else:
+        print_summary(summary)
+
+
+def run_rollout(**o: Any) -> dict[str, Any]:
+    """The whole rollout (also the benchmark's entry point); returns the summary."""
+    import torch
+
+    from srtcli.models import default_model_dir, load_model_and_tokenizer
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # stdout/stderr carry our progress and summary only
+    if o["threads"]:
+        # small models on a busy CPU: extra intra-op threads spin and cost 100x (measured)
+        torch.set_num_threads(o["threads"])
+    model_dir = o["model"] or default_model_dir()
+    model, tok = load_model_and_tokenizer(model_dir)
+    device = "cuda" if o["device"] == "cuda" or (o["device"] == "auto" and torch.cuda.is_available()) else "cpu"
+    model.to(device)
+    ctx = _context_len(model, tok)
+    from srtcli.prompts import read_prompts
+
+    prompts = read_prompts(o["prompts_path"], tok, ctx - 1)
+    return _rollout(o, model, tok, prompts, ctx)
+
+
+def _context_len(model: Any, tok: Any) -> int:
+    ctx = getattr(model.config, "max_position_embeddings", None) or 2048
+    tmax = getattr(tok, "model_max_length", None)
+    if isinstance(tmax, int) and 0 < tmax < ctx:
+        ctx = tmax
+    return int(ctx)
+
+
+def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str, Any]:
+    from cache_store.uid import prompt_uid
+    from srtcli.engine import Engine, Sequence
+    from srtcli.pool import PoolWriter
+    from srtcli.rewards import load_reward
+    from srtcli.runahead import RunAhead, Upcoming, run_batches
+    from srtcli.sampling import SamplingParams
+    from srtcli.tokenizers import tokenizer_fingerprint
+
+    k = o["k"]
+    fp = tokenizer_fingerprint(tok)
+    uids = [prompt_uid(p.ids, fp) for p in prompts]
+    reward_spec = o["reward"] or ("exact_match" if all("answer" in p.record for p in prompts) else None)
+    reward_fn = load_reward(reward_spec) if reward_spec else (lambda rec, text: 0.0)
+    out = pool_file(o["out"])
+    skip = completed_groups(out, k) if o["resume"] else set()
+    todo = [i for i, u in enumerate(uids) if u not in skip]
+    store = _open_store(o) if o["draft"] == "srt" else None
+    drafter = _drafter(o, store)
+    stop_fn = turn_end = None
+    if o["tools"]:
+        stop_fn, turn_end = tool_hooks(tok, o["tools"])
+    params = SamplingParams(o["temperature"], o["top_p"], o["top_k"])
+    engine = Engine(model, params, drafter, slots=o["batch_size"], budget=o["budget"] if o["draft"] != "none" else 0,
+                    max_len=min(ctx, max(len(p.ids) for p in prompts) + o["max_new_tokens"] + 64),
+                    eos_ids={tok.eos_token_id}, seed=o["seed"], stop_fn=stop_fn, turn_end=turn_end)
+    per = o["rollout_batch"] or max(1, len(todo))
+    chunks = [todo[i: i + per] for i in range(0, len(todo), per)]
+    batches = [[Sequence(prompts[i].ids, o["max_new_tokens"], group=uids[i],
+                         meta={"prompt_id": prompts[i].id, "sample": s}) for i in c for s in range(k)] for c in chunks]
+    nxt = [chunks[b + 1] if b + 1 < len(chunks) else list(range(len(prompts))) for b in range(len(chunks))]
+    upcoming = [[Upcoming(uids[i], prompts[i].ids) for i in n] for n in nxt]
+    by_uid = {uids[i]: prompts[i] for i in todo}
+    finished: dict[str, list] = {}
+    writer = PoolWriter(out, resume=o["resume"], fsync_every=1 << 30)
+    progress, task = _progress(len(todo))
+    t0 = time.perf_counter()
+
+    def on_finished(seq: Any) -> None:
+        group = finished.setdefault(seq.group, [])
+        group.append(seq)
+        if len(group) < k:
+            return
+        rec = by_uid[seq.group]
+        for s in sorted(group, key=lambda s: s.meta["sample"]):
+            text = tok.decode(s.output, skip_special_tokens=False)
+            for step in turn_steps(s, seq.group, reward_fn(rec.record, text), k):
+                writer.write(step)
+        writer.flush()
+        drafter.group_done(seq.group)
+        del finished[seq.group]
+        if progress is not None:
+            progress.advance(task)
+
+    def on_batch_end(b: int) -> None:
+        if store is not None:
+            store.tick()
+
+    try:
+        if progress is not None:
+            progress.start()
+        run_batches(engine, batches, upcoming,
+                    RunAhead(o["run_ahead"], window=max(per, 1), tokens=o["run_ahead_tokens"]),
+                    on_finished, on_batch_end)
+    finally:
+        if progress is not None:
+            progress.stop()
+        writer.close()
+        drafter.close()
+        if store is not None:
+            store.close()
+    return _summary(engine, drafter, time.perf_counter() - t0, len(prompts), len(skip), out, o)
+
+
+def _open_store(o: dict) -> Any:
+    from cache_store.store import CacheStore
+
+    path = cache_dir(o["cache_opt"])
+    try:
+        return CacheStore.open(path)
+    except SrtError:
+        raise
+    except Exception as e:  # a foreign directory, a newer format: one line
+        raise SrtError(f"{path}: cannot open the cache: {e}") from None
+
+
+def _drafter(o: dict, store: Any) -> Any:
+    from srtcli.drafters import make_drafter
+
+    if o["draft"] == "srt":
+        return make_drafter("srt", store=store, min_prob=o["min_prob"], mode=o["draft_mode"], seed=o["seed"])
+    return make_drafter(o["draft"])
+
+
+def _progress(total: int):
+    if not sys.stdout.isatty():
+        return None, None
+    from rich.console import Console
+    from rich.progress import Progress
+
+    progress = Progress(console=Console(stderr=True), transient=True)
+    return progress, progress.add_task("rollout (prompts)", total=total)
+
+
+def _summary(engine: Any, drafter: Any, wall: float, n_prompts: int, skipped: int, out: Path, o: dict) -> dict:
+    st = engine.stats
+    ds = drafter.stats()
+    return {
+        "generated_tokens": st.emitted,
+        "wall_s": round(wall, 3),
+        "tokens_per_s": round(st.emitted / wall, 1) if wall > 0 else 0.0,
+        "target_forwards": st.forwards,
+        "accepted_per_forward": round(st.emitted / st.row_forwards, 4) if st.row_forwards else 0.0,
+        "draft_acceptance_rate": round(st.accepted / st.drafted, 4) if st.drafted else 0.0,
+        "run_ahead_tokens": st.runahead_tokens,
+        "cache_hit_rate": round(ds["cache_hit_rate"], 4) if "cache_hit_rate" in ds else None,
+        "drafted_tokens": st.drafted,
+        "accepted_draft_tokens": st.accepted,
+        "prompts": n_prompts,
+        "groups_skipped": skipped,
+        "samples_per_prompt": o["k"],
+        "draft": o["draft"],
+        "pool": str(out),
+    }
+
+
+def print_summary(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="srt rollout")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, val in summary.items():
+        if isinstance(val, float) and not math.isfinite(val):
+            val = "n/a"
+        table.add_row(key, "n/a" if val is None else str(val))
+    Console().print(table)

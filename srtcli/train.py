@@ -1,0 +1,317 @@
+"""The `srt train` loop: PPO-clip over packed shards or a raw steps pool, one process or many.
+
+How the pieces fit:
+
+    train_data     rows (packed or plain) -> optimizer-step batches -> ranks -> micro-batches
+    train_forward  a micro-batch -> per-sequence log-probs [n, W] (plain causal or tree-packed)
+    loss           PPO-clip + k3 KL, aggregated with *global* normalisers
+    dist           all-reduce of normalisers, gradients (SUM) and metrics
+    train_ckpt     HF checkpoints + optimizer/scheduler/step/RNG for --resume
+    train_metrics  metrics.jsonl and the console
+
+`step_gradients` is the heart: after it returns, every parameter's `.grad` holds the gradient
+of the global batch loss, identical (up to float rounding) whether the batch ran packed or
+plain, in one micro-batch or many, on one rank or several. The tests check exactly that.
+
+The policy runs with dropout off (`model.eval()`): PPO ratios compare against the sampling
+policy, which had no dropout either. Gradients still flow; eval only changes dropout.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from srtcli import dist
+from srtcli.errors import SrtError
+from srtcli.loss import LossConfig, LossStats, Normalizers, batch_loss, count_normalizers
+from srtcli.train_ckpt import (
+    has_run, latest_checkpoint, load_state, publish_final, save_checkpoint, set_rng_state, step_dir,
+)
+from srtcli.train_data import TrainData, WorkRow, load_packed, load_steps, micro_batches, plan_batches, split_ranks
+from srtcli.train_forward import micro_tensors
+from srtcli.train_metrics import METRICS, Reporter, trim_metrics
+from srtcli.train_model import check_model_dir, load_model, resolve_model_dir
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class TrainConfig:
+    """Everything `srt train` takes; field names are the long flag names."""
+
+    out: Path
+    steps: Path | None = None
+    shards: Path | None = None
+    model: Path | None = None
+    ref_model: Path | None = None
+    lr: float = 1e-6
+    epochs: int = 1
+    batch_size: int = 0  # sequences per optimizer step; 0 = all
+    micro_batch_tokens: int = 8192
+    clip: float = 0.2
+    kl_coef: float = 0.0
+    loss_agg: str = "token-mean"
+    max_steps: int = 0  # 0 = no cap
+    seed: int = 0
+    attn: str = "auto"
+    resume: bool = False
+    save_every: int = 0
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    grad_clip: float = 1.0  # 0 = no clipping (the norm is still measured)
+    weight_decay: float = 0.0
+    dtype: str = "float32"
+    skip_bad: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StepResult:
+    """Global figures of one optimizer step's batch (summed over micro-batches and ranks)."""
+
+    stats: LossStats
+    norm: Normalizers
+    tokens: int
+    packed_tokens: int
+    seqs: int
+
+
+def resolve_attn(attn: str, device: str) -> str:
+    """`auto`: compiled FlexAttention on CUDA, the SDPA boolean mask on CPU."""
+    if attn == "auto":
+        return "flex" if device.startswith("cuda") else "sdpa"
+    return attn
+
+
+def step_gradients(
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    batch: list[WorkRow],
+    loss_cfg: LossConfig,
+    micro_tokens: int,
+    info: dist.DistInfo,
+    attn: str = "sdpa",
+) -> StepResult:
+    """Accumulate the global batch's gradient into `.grad` (summed over ranks)."""
+    mine = split_ranks(batch, info.world)[info.rank]
+    local = count_normalizers([s.loss_mask for r in mine for s in r.seqs])
+    # the normalisers must be global: a rank dividing by its own counts would weight its
+    # tokens differently from the single-process run
+    tokens, seqs = dist.all_reduce_sum(info, [local.tokens, local.seqs])
+    norm = Normalizers(tokens, seqs)
+    stats = LossStats()
+    for mb in micro_batches(mine, micro_tokens):
+        t, ref_lp = micro_tensors(model, ref_model, mb, info.device, attn)
+        share, st = batch_loss(t.lp, t.old, t.adv, t.mask, ref_lp, loss_cfg, norm)
+        share.backward()
+        stats.add(st)
+    dist.sum_gradients(info, [p for p in model.parameters() if p.requires_grad])
+    counts = [sum(r.tokens for r in mine), sum(r.packed_tokens for r in mine), sum(len(r.seqs) for r in mine)]
+    total = dist.all_reduce_sum(info, stats.as_list() + counts)
+    return StepResult(LossStats.from_list(total[:5]), norm, int(total[5]), int(total[6]), int(total[7]))
+
+
+def lr_factor(schedule: str, warmup: int, total: int):
+    """LambdaLR factor: linear warmup over `warmup` steps, then constant or cosine to 0."""
+
+    def f(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        span = max(1, total - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warmup) / span)))
+
+    return f
+
+
+def load_data(cfg: TrainConfig) -> TrainData:
+    if (cfg.steps is None) == (cfg.shards is None):
+        raise SrtError("give exactly one of --shards DIR or --steps POOL")
+    if cfg.steps is not None:
+        return load_steps(Path(cfg.steps), cfg.skip_bad)
+    return load_packed(Path(cfg.shards))
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _check_out(cfg: TrainConfig) -> None:
+    out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise SrtError(f"{out}: --out must be a directory")
+    if has_run(out) and not cfg.resume:
+        raise SrtError(f"{out}: already holds a training run (pass --resume to continue it, or another --out)")
+
+
+@dataclass
+class Built:
+    """What a run trains with: models, optimizer, scheduler, and where it starts."""
+
+    model_dir: Path
+    model: torch.nn.Module
+    ref: torch.nn.Module | None
+    opt: torch.optim.Optimizer
+    sched: Any
+    start: int
+    ckpt: Path | None
+    attn: str
+    notes: list[str]
+
+
+# options that shape the batch plan or the schedule: a resumed run should keep them
+PLAN_KEYS = ("steps", "shards", "batch_size", "epochs", "max_steps", "lr_schedule", "warmup_steps")
+
+
+def _build(cfg: TrainConfig, info: dist.DistInfo, total: int) -> Built:
+    """Model, reference, optimizer, scheduler, and the step to start from."""
+    model_dir = resolve_model_dir(cfg.model)
+    check_model_dir(model_dir)
+    ckpt = latest_checkpoint(Path(cfg.out)) if cfg.resume else None
+    dtype = DTYPES[cfg.dtype]
+    attn = resolve_attn(cfg.attn, info.device)
+    model = load_model(ckpt or model_dir, dtype, attn, info.device)
+    model.eval()  # dropout off; see the module docstring
+    ref = None
+    if cfg.kl_coef:
+        ref = load_model(Path(cfg.ref_model) if cfg.ref_model else model_dir, dtype, attn, info.device)
+        ref.eval().requires_grad_(False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg.lr_schedule, cfg.warmup_steps, total))
+    start, notes = 0, []
+    if ckpt is not None:
+        state = load_state(ckpt)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        start = int(state["step"])
+        before, now = state.get("extra", {}).get("config", {}), _jsonable(cfg)
+        changed = [k for k in PLAN_KEYS if k in before and before[k] != now[k]]
+        if changed:
+            notes.append(f"warning: resuming with changed {', '.join('--' + k.replace('_', '-') for k in changed)}")
+    return Built(model_dir, model, ref, opt, sched, start, ckpt, attn, notes)
+
+
+def _record(step: int, epoch: int, lr: float, res: StepResult, grad_norm: float, secs: float) -> dict[str, Any]:
+    toks = max(res.stats.tokens, 1.0)
+    return {
+        "step": step,
+        "epoch": epoch,
+        "lr": lr,
+        "loss": res.stats.loss,
+        "clip_frac": res.stats.clipped / toks,
+        "kl": res.stats.kl / toks,
+        "ratio_mean": res.stats.ratio / toks,
+        "grad_norm": grad_norm,
+        "trained_tokens": int(res.stats.tokens),
+        "seqs": res.seqs,
+        "tokens": res.tokens,
+        "packed_tokens": res.packed_tokens,
+        "token_ratio": res.packed_tokens / max(res.tokens, 1),
+        "step_s": secs,
+        "tokens_per_s": res.tokens / max(secs, 1e-9),
+    }
+
+
+def _save(cfg: TrainConfig, info: dist.DistInfo, step: int, model, opt, sched, model_dir: Path) -> Path | None:
+    path = None
+    if info.main:
+        path = save_checkpoint(Path(cfg.out), step, model, opt, sched, model_dir, {"config": _jsonable(cfg)})
+    dist.barrier(info)
+    return path
+
+
+def _jsonable(cfg: TrainConfig) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cfg).items()}
+
+
+def train(cfg: TrainConfig, info: dist.DistInfo | None = None, json_mode: bool = False) -> dict[str, Any]:
+    """Run `srt train`; returns the summary (the `--json` object)."""
+    info = info or dist.init()
+    LossConfig(cfg.clip, cfg.kl_coef, cfg.loss_agg)  # validates the aggregation early
+    if cfg.dtype not in DTYPES:
+        raise SrtError(f"unknown --dtype {cfg.dtype!r}")
+    seed_all(cfg.seed)
+    data = load_data(cfg)
+    batches = plan_batches(data.rows, cfg.batch_size)
+    total = len(batches) * cfg.epochs
+    if cfg.max_steps > 0:
+        total = min(total, cfg.max_steps)
+    _check_out(cfg)
+    dist.barrier(info)  # every rank checked --out before rank 0 writes to it
+    built = _build(cfg, info, total)
+    if info.main:
+        Path(cfg.out).mkdir(parents=True, exist_ok=True)
+        trim_metrics(Path(cfg.out) / METRICS, built.start)
+    reporter = Reporter(Path(cfg.out), info.main, json_mode, total, built.start)
+    try:
+        return _loop(cfg, info, data, batches, total, built, reporter)
+    finally:
+        reporter.close()
+
+
+def _loop(cfg, info, data, batches, total, built: Built, reporter) -> dict[str, Any]:
+    model_dir, model, ref, opt, sched = built.model_dir, built.model, built.ref, built.opt, built.sched
+    start, ckpt, attn = built.start, built.ckpt, built.attn
+    loss_cfg = LossConfig(cfg.clip, cfg.kl_coef, cfg.loss_agg)
+    params = [p for p in model.parameters() if p.requires_grad]
+    reporter.info(
+        f"srt train: {data.source} ({data.n_seqs} sequences in {len(data.rows)} rows), "
+        f"{len(batches)} optimizer steps per epoch, {total} in all; attention: {attn}; "
+        f"world {info.world} on {info.device}" + (f"; resuming at step {start} from {ckpt}" if ckpt else "")
+    )
+    for note in built.notes:
+        reporter.info(note)
+    first: dict[str, Any] | None = None
+    last: dict[str, Any] | None = None
+    t0 = time.perf_counter()
+    last_saved = start if ckpt is not None else -1
+    for step in range(start, total):
+        ts = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        res = step_gradients(model, ref, batches[step % len(batches)], loss_cfg, cfg.micro_batch_tokens, info, attn)
+        limit = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
+        lr = sched.get_last_lr()[0]
+        opt.step()
+        sched.step()
+        rec = _record(step + 1, step // len(batches), lr, res, grad_norm, time.perf_counter() - ts)
+        reporter.step(rec)
+        first = first or rec
+        last = rec
+        if cfg.save_every > 0 and (step + 1) % cfg.save_every == 0 and step + 1 < total:
+            _save(cfg, info, step + 1, model, opt, sched, model_dir)
+            last_saved = step + 1
+    if last_saved != total:
+        _save(cfg, info, total, model, opt, sched, model_dir)
+    if info.main:
+        publish_final(Path(cfg.out), step_dir(Path(cfg.out), total))
+    dist.barrier(info)
+    wall = time.perf_counter() - t0
+    summary = {
+        "loss": first["loss"] if first else None,
+        "grad_norm": first["grad_norm"] if first else None,
+        "last_loss": last["loss"] if last else None,
+        "steps": total,
+        "steps_run": total - start,
+        "wall_s": wall,
+        "tokens": sum(r.tokens for r in data.rows),
+        "packed_tokens": sum(r.packed_tokens for r in data.rows),
+        "attn": attn,
+        "world": info.world,
+        "out": str(cfg.out),
+    }
+    summary["token_ratio"] = summary["packed_tokens"] / max(summary["tokens"], 1)
+    return summary

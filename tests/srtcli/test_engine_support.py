@@ -1,0 +1,76 @@
+"""Shared helpers for the rollout tests (no tests here): tiny random HF causal LMs and a plain
+greedy / sampling reference that never touches srt's engine."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+VOCAB = 48
+
+
+def tiny_model(kind: str = "qwen2", vocab: int = VOCAB, seed: int = 0, sharp: float = 1.0):
+    """A small random model; `sharp` scales the output layer so distributions are peakier."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  tie_word_embeddings=False)
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(sharp)
+    return model.eval()
+
+
+@torch.inference_mode()
+def plain_greedy(model, prompt: list[int], max_new: int, eos: set[int] = frozenset()) -> list[int]:
+    """Reference greedy decoding: a full forward per token, batch 1, no cache."""
+    ids = list(prompt)
+    out = []
+    for _ in range(max_new):
+        t = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        out.append(t)
+        ids.append(t)
+        if t in eos:
+            break
+    return out
+
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL = ["<|pad|>", "<|im_start|>", "<|im_end|>"]
+TAGS = ["<calc>", "</calc>", "<result>", "</result>", "<answer>", "</answer>"]
+
+
+def make_tokenizer(path):
+    """A character-level HF tokenizer built with the `tokenizers` library, with chat markers
+    and the calculator's tags as whole tokens; saved to `path`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(SPECIAL + TAGS + chars)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|pad|>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIAL)
+    tok.add_tokens(TAGS)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>",
+                                 model_max_length=256)
+    hf.chat_template = CHAT_TEMPLATE
+    hf.save_pretrained(str(path))
+    return hf
+
+
+def make_model_dir(path, kind: str = "llama", sharp: float = 1.0, seed: int = 0):
+    """A local HF model directory: the tokenizer above and a small random model."""
+    tok = make_tokenizer(path)
+    model = tiny_model(kind, vocab=len(tok), seed=seed, sharp=sharp)
+    model.config.eos_token_id = tok.eos_token_id
+    model.config.max_position_embeddings = 256
+    model.save_pretrained(str(path))
+    return path

@@ -1,0 +1,78 @@
+"""`srtcli.models`: the default model directory and one-line errors for anything that is not a model."""
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from srtcli.errors import SrtError
+from srtcli.models import check_model_dir, default_model_dir, load_model_and_tokenizer, load_tokenizer
+
+
+def _copy_bundled(tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(default_model_dir(), d)
+    return d
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p / "missing", "model directory not found"),
+        (lambda p: (p / "f.txt").write_text("x") and p / "f.txt", "not a directory"),
+        (lambda p: p, "not a model directory (missing config.json, tokenizer.json, tokenizer_config.json)"),
+    ],
+)
+def test_not_a_model_dir(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(SrtError) as e:
+        load_model_and_tokenizer(path)
+    assert message in e.value.message and str(path) in e.value.message and "\n" not in e.value.message
+
+
+def test_missing_weights_bad_config_and_corrupt_weights(tmp_path):
+    d = _copy_bundled(tmp_path)
+    (d / "model.safetensors").rename(d / "gone")
+    with pytest.raises(SrtError, match="no weights"):
+        check_model_dir(d)
+    (d / "gone").rename(d / "model.safetensors")
+    config = (d / "config.json").read_text()
+    (d / "config.json").write_text("{\n  \"vocab_size\": 3,\n")
+    with pytest.raises(SrtError, match=r"config.json:3: not valid JSON"):
+        check_model_dir(d)
+    (d / "config.json").write_text(config)
+    (d / "model.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(SrtError, match="cannot load the model") as e:
+        load_model_and_tokenizer(d)
+    assert "\n" not in e.value.message
+
+
+def test_tokenizer_without_eos_is_an_error(tmp_path):
+    d = _copy_bundled(tmp_path)
+    cfg = (d / "tokenizer_config.json").read_text().replace('"eos_token": "<|im_end|>"', '"eos_token": null')
+    (d / "tokenizer_config.json").write_text(cfg)
+    with pytest.raises(SrtError, match="no eos token"):
+        load_tokenizer(d)
+
+
+def test_default_loads_the_bundled_model():
+    model, tok = load_model_and_tokenizer()
+    assert not model.training and tok.eos_token == "<|im_end|>"
+
+
+def test_error_reaches_the_user_as_one_line(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent("""
+        import click
+        from srtcli.models import load_model_and_tokenizer
+        @click.command()
+        @click.option("--model")
+        def main(model):
+            load_model_and_tokenizer(model)
+        main()
+    """))
+    out = subprocess.run([sys.executable, str(script), "--model", str(tmp_path)], capture_output=True, text=True)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [f"Error: {tmp_path}: not a model directory (missing config.json, tokenizer.json, tokenizer_config.json)"]
