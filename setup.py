@@ -1,7 +1,7 @@
 """Declares the compiled core of the token tree; all other metadata lives in pyproject.toml.
 
-`pip install -e .` (or a wheel build) compiles cache_store/_trie.c with the system C compiler and
-the Python headers; setuptools needs no extra build dependencies for it.
+`pip install -e .` (or a wheel build) compiles cache_store/csrc/*.c into cache_store._trie with
+the system C compiler and the Python headers; setuptools needs no extra build dependencies.
 """
 
 import sys
@@ -10,5 +10,16 @@ from setuptools import Extension, setup
 
 # -ffp-contract=off: no fused multiply-add, so path scores are bit-identical to Python's floats.
 flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
+sources = [f"cache_store/csrc/{name}.c" for name in ("module", "nodes", "draft", "bytes")]
 
-setup(ext_modules=[Extension("cache_store._trie", ["cache_store/_trie.c"], extra_compile_args=flags)])
+setup(
+    ext_modules=[
+        Extension(
+            "cache_store._trie",
+            sources,
+            depends=["cache_store/csrc/trie.h"],
+            include_dirs=["cache_store/csrc"],
+            extra_compile_args=flags,
+        )
+    ]
+)

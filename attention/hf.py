@@ -91,7 +91,7 @@ def _flex(query, key, value, block_mask, scale):
         if _compiled_flex is None:
             _compiled_flex = torch.compile(flex_attention, dynamic=True)
         fn = _compiled_flex
-    else:  # CPU: eager flex (has a backward; compiled CPU flex does not)
+    else:  # CPU: eager flex, forward only (no CPU flex backward in torch); checks the mask_mod
         fn = flex_attention
     return fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True)
 

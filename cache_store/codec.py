@@ -35,7 +35,7 @@ from cache_store.errors import CorruptRecord
 MAGIC = b"SRTC"  # not the tree's b"SRTT": a record is a compressed, stamped tree
 RECORD_VERSION = 1
 CODEC_ZSTD = 1
-ZSTD_LEVEL = 3  # level 3 vs 9 differs by a few percent on node tables (bench_store) but 4x in time
+ZSTD_LEVEL = 3  # bench_store: level 9 stores 10% less for ~5x the time, level 1 9% more for ~0.6x
 _HEAD = struct.Struct("<4sBBHQI")  # magic, version, codec, reserved, stamp, raw length
 _CRC = struct.Struct("<I")
 HEADER_BYTES = _HEAD.size + _CRC.size  # 24

@@ -7,8 +7,8 @@ tail of the context that is a path with children and follows the children with t
 C(v) = count(v) / (sum of the counts of v and its siblings); see docs/cache.md, "The tree", for
 the exact rules (match cap, ties, threshold, draft tree order, decay, bytes format).
 
-The work happens in the compiled core `cache_store._trie` (cache_store/_trie.c, built by
-`pip install -e .`); this module is the typed face of it. The LMDB layer (cache_store/store.py)
+The work happens in the compiled core `cache_store._trie` (C sources in cache_store/csrc/,
+built by `pip install -e .` through setup.py); this module is the typed face of it. The LMDB layer (cache_store/store.py)
 persists trees with `to_bytes`/`from_bytes`, decays them with `scale` and folds a process's
 added counts in with `merge`; the rollout drafter calls `stream().extend`, `draft`, `draft_tree`.
 """

@@ -255,7 +255,12 @@ def _sniff_pool(source: Path) -> bool:
     return False
 
 
-def _rollout_lines(source: Path, skip_bad: bool, stats: dict) -> Iterator[tuple[int, Any]]:
+def _check_vocab(ids: list[int], vocab: int | None) -> None:
+    if vocab is not None and ids and max(ids) >= vocab:
+        raise ValueError(f"token id {max(ids)} is outside the tokenizer's vocabulary (size {vocab})")
+
+
+def _rollout_lines(source: Path, skip_bad: bool, stats: dict, vocab: int | None) -> Iterator[tuple[int, Any]]:
     """(line number, RolloutLine) of a rollout JSONL file; bad lines raise or are counted."""
     from cache_store.warm import parse_rollout_line
     from srtcli.errors import at
@@ -266,7 +271,10 @@ def _rollout_lines(source: Path, skip_bad: bool, stats: dict) -> Iterator[tuple[
                 if not text.strip():
                     continue
                 try:
-                    yield lineno, parse_rollout_line(text)
+                    r = parse_rollout_line(text)
+                    if r.prompt_ids is not None:
+                        _check_vocab(r.prompt_ids + r.response_ids, vocab)
+                    yield lineno, r
                 except ValueError as e:
                     if not skip_bad:
                         raise at(source, lineno, str(e)) from None
@@ -280,7 +288,7 @@ def _tokenized(source: Path, tok: Any, skip_bad: bool) -> Iterator[tuple[list[in
     from srtcli.errors import at
     from srtcli.tokenizers import encode_prompt, encode_response
 
-    for lineno, r in _rollout_lines(source, skip_bad, {"skipped": 0}):
+    for lineno, r in _rollout_lines(source, skip_bad, {"skipped": 0}, _vocab(tok)):
         if r.prompt_ids is not None:
             yield r.prompt_ids, r.response_ids
             continue
@@ -290,21 +298,38 @@ def _tokenized(source: Path, tok: Any, skip_bad: bool) -> Iterator[tuple[list[in
             raise at(source, lineno, f"cannot tokenize: {type(e).__name__}: {e}") from None
 
 
-def _fingerprint(model: str | None, given: str | None, needs_text: bool) -> tuple[Any, str]:
+def _tokenizer(model: str | None, given: str | None) -> tuple[Any, str | None]:
+    """(tokenizer or None, fingerprint or None) from --model / --tokenizer-fingerprint."""
     from srtcli.tokenizers import load_tokenizer, tokenizer_fingerprint
 
     if model is None:
-        if needs_text:
-            raise SrtError("text rollouts need --model (its tokenizer and chat template)")
-        if not given:
-            raise SrtError("token ids need --model or --tokenizer-fingerprint so trees land under "
-                           "the right tokenizer")
-        return None, given
+        return None, given or None
     tok = load_tokenizer(model)
     fp = tokenizer_fingerprint(tok)
     if given and given != fp:
         raise SrtError(f"--tokenizer-fingerprint {given} differs from {model}'s ({fp})")
     return tok, fp
+
+
+def _vocab(tok: Any) -> int | None:
+    return None if tok is None else len(tok)
+
+
+def _need(tok: Any, fp: str | None, needs_text: bool) -> str:
+    if needs_text and tok is None:
+        raise SrtError("text rollouts need --model (its tokenizer and chat template)")
+    if fp is None:
+        raise SrtError("token ids need --model or --tokenizer-fingerprint so trees land under the right tokenizer")
+    return fp
+
+
+def _pool_checked(source: Path, steps: Iterator[Any], vocab: int | None) -> Iterator[Any]:
+    for s in steps:
+        try:
+            _check_vocab(s.input_ids, vocab)
+        except ValueError as e:
+            raise SrtError(f"{source}: trajectory {s.trajectory_id} step {s.step}: {e}") from None
+        yield s
 
 
 def run_add(source: Path, model: str | None, fingerprint: str | None, skip_bad: bool,
@@ -316,16 +341,18 @@ def run_add(source: Path, model: str | None, fingerprint: str | None, skip_bad: 
     if not source.exists():
         raise SrtError(f"{source}: no such file or directory")
     stats = {"skipped": 0}
-    if _sniff_pool(source):
-        rollouts = pool_rollouts(iter_steps(source, skip_bad, stats))
+    pool = _sniff_pool(source)
+    tok, fp = _tokenizer(model, fingerprint)
+    if pool:
+        rollouts = pool_rollouts(_pool_checked(source, iter_steps(source, skip_bad, stats), _vocab(tok)))
         first = next(rollouts, None)  # consumes and validates the whole pool
-        _tok, fp = _fingerprint(model, fingerprint, needs_text=False)
+        fp = _need(tok, fp, needs_text=False)
         items: Any = rollouts if first is None else _chain(first, rollouts)
     else:
         needs_text = False
-        for _, r in _rollout_lines(source, skip_bad, stats):
+        for _, r in _rollout_lines(source, skip_bad, stats, _vocab(tok)):
             needs_text = needs_text or r.prompt_ids is None
-        tok, fp = _fingerprint(model, fingerprint, needs_text)
+        fp = _need(tok, fp, needs_text)
         items = _tokenized(source, tok, skip_bad)
     settings = {k: v for k, v in (("half_life", half_life), ("floor", floor)) if v is not None}
     with open_store(Path(cache_dir) if cache_dir else None, create=True, **settings) as store:

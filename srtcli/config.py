@@ -32,13 +32,29 @@ def _load(ctx: click.Context, _param: click.Parameter, value: str | None) -> Non
         data = {}
     if not isinstance(data, dict):
         raise SrtError(f"{path}: a config file must be a mapping of long flag names to values")
-    known = {p.name: p for p in ctx.command.params if isinstance(p, click.Option)}
+    # A key may be any long flag of an option (`max-tokens`, `--max-tokens`, `no-run-ahead`
+    # for a boolean pair) or its parameter name; it sets that option's parameter.
+    by_flag: dict[str, tuple[str, Any]] = {}
+    for p in ctx.command.params:
+        if not isinstance(p, click.Option) or p.name == "config":
+            continue
+        by_flag[p.name] = (p.name, None)
+        for flag in p.opts:
+            if flag.startswith("--"):
+                by_flag[flag[2:]] = (p.name, None)
+        for flag in p.secondary_opts:  # `--no-x` of a `--x/--no-x` pair means False
+            if flag.startswith("--"):
+                by_flag[flag[2:]] = (p.name, False)
     defaults: dict[str, Any] = {}
     for key, val in data.items():
-        name = str(key).lstrip("-").replace("-", "_")
-        if name not in known or name == "config":
+        if isinstance(key, bool):  # YAML 1.1 reads a bare `yes:`/`no:` key as a boolean
+            key = "yes" if key else "no"
+        flag = str(key).lstrip("-")
+        hit = by_flag.get(flag) or by_flag.get(flag.replace("-", "_"))
+        if hit is None:
             raise SrtError(f"{path}: unknown key {key!r} for `{ctx.command_path}`")
-        defaults[name] = val
+        name, negated = hit
+        defaults[name] = (not val) if negated is False and isinstance(val, bool) else val
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
 
 

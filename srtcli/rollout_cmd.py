@@ -34,8 +34,10 @@ SUMMARY_KEYS = ("generated_tokens", "wall_s", "tokens_per_s", "target_forwards",
 
 
 def cache_dir(opt: str | None) -> Path:
-    """--cache, else $SRT_CACHE, else ~/.cache/srt."""
-    return Path(opt or os.environ.get("SRT_CACHE") or Path.home() / ".cache" / "srt")
+    """--cache, else $SRT_CACHE, else ~/.cache/srt (the resolver `srt cache` uses)."""
+    from srtcli.cache_cmd import default_cache_dir
+
+    return Path(opt) if opt else default_cache_dir()
 
 
 def pool_file(out: str) -> Path:
@@ -156,7 +158,7 @@ def tool_hooks(tok: Any, tool: str):
 @click.option("--budget", type=click.IntRange(min=0), default=8, show_default=True, help="Max draft tokens per step.")
 @click.option("--min-prob", type=click.FloatRange(0.0, 1.0), default=0.1, show_default=True,
               help="srt: stop a draft when its path probability falls below this.")
-@click.option("--draft-mode", type=click.Choice(["greedy", "sample"]), default="greedy", show_default=True,
+@click.option("--draft-mode", type=click.Choice(["greedy", "sample"]), default="sample", show_default=True,
               help="srt: follow the most frequent child (point mass) or sample children (ratio rule).")
 @click.option("--cache", "cache_opt", default=None, help="Cache directory (default $SRT_CACHE or ~/.cache/srt).")
 @click.option("--out", default="pool", show_default=True, help="Steps pool directory (or a .jsonl file).")
@@ -250,7 +252,7 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
     finished: dict[str, list] = {}
     writer = PoolWriter(out, resume=o["resume"], fsync_every=1 << 30)
     progress, task = _progress(len(todo))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
 
     def on_finished(seq: Any) -> None:
         group = finished.setdefault(seq.group, [])
@@ -285,7 +287,9 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
         drafter.close()
         if store is not None:
             store.close()
-    return _summary(engine, drafter, time.perf_counter() - t0, len(prompts), len(skip), out, o)
+    cpu = time.process_time() - c0
+    return {**_summary(engine, drafter, time.perf_counter() - t0, len(prompts), len(skip), out, o),
+            "cpu_s": round(cpu, 3)}
 
 
 def _open_store(o: dict) -> Any:

@@ -70,6 +70,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     dtype: str = "float32"
     skip_bad: bool = False
+    fsdp: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,6 +100,7 @@ def step_gradients(
     micro_tokens: int,
     info: dist.DistInfo,
     attn: str = "sdpa",
+    fsdp: bool = False,
 ) -> StepResult:
     """Accumulate the global batch's gradient into `.grad` (summed over ranks)."""
     mine = split_ranks(batch, info.world)[info.rank]
@@ -108,12 +110,28 @@ def step_gradients(
     tokens, seqs = dist.all_reduce_sum(info, [local.tokens, local.seqs])
     norm = Normalizers(tokens, seqs)
     stats = LossStats()
-    for mb in micro_batches(mine, micro_tokens):
-        t, ref_lp = micro_tensors(model, ref_model, mb, info.device, attn)
+    mbs = micro_batches(mine, micro_tokens)
+    n = len(mbs)
+    if fsdp:  # same number of forwards on every rank; see srtcli/train_fsdp.py
+        from srtcli.train_fsdp import RootForward, set_sync
+
+        n = int(dist.all_reduce_max(info, n))
+        spare = [min(batch, key=lambda r: r.cost)]
+        fwd, ref_fwd = RootForward(model), (RootForward(ref_model) if ref_model is not None else None)
+    else:
+        fwd, ref_fwd = model, ref_model
+    for i in range(n):
+        real = i < len(mbs)
+        if fsdp:
+            set_sync(model, i == n - 1)
+        t, ref_lp = micro_tensors(fwd, ref_fwd, mbs[i] if real else spare, info.device, attn)
         share, st = batch_loss(t.lp, t.old, t.adv, t.mask, ref_lp, loss_cfg, norm)
-        share.backward()
-        stats.add(st)
-    dist.sum_gradients(info, [p for p in model.parameters() if p.requires_grad])
+        scale = (info.world if fsdp else 1) * (1.0 if real else 0.0)
+        (share * scale if scale != 1 else share).backward()
+        if real:
+            stats.add(st)
+    if not fsdp:
+        dist.sum_gradients(info, [p for p in model.parameters() if p.requires_grad])
     counts = [sum(r.tokens for r in mine), sum(r.packed_tokens for r in mine), sum(len(r.seqs) for r in mine)]
     total = dist.all_reduce_sum(info, stats.as_list() + counts)
     return StepResult(LossStats.from_list(total[:5]), norm, int(total[5]), int(total[6]), int(total[7]))
@@ -181,19 +199,31 @@ def _build(cfg: TrainConfig, info: dist.DistInfo, total: int) -> Built:
     ckpt = latest_checkpoint(Path(cfg.out)) if cfg.resume else None
     dtype = DTYPES[cfg.dtype]
     attn = resolve_attn(cfg.attn, info.device)
+    if cfg.fsdp and not info.active:
+        raise SrtError("--fsdp shards over several processes: use --nproc N (N >= 2) or torchrun")
     model = load_model(ckpt or model_dir, dtype, attn, info.device)
     model.eval()  # dropout off; see the module docstring
     ref = None
     if cfg.kl_coef:
         ref = load_model(Path(cfg.ref_model) if cfg.ref_model else model_dir, dtype, attn, info.device)
         ref.eval().requires_grad_(False)
+    if cfg.fsdp:
+        from srtcli.train_fsdp import shard
+
+        model = shard(model)
+        ref = shard(ref) if ref is not None else None
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg.lr_schedule, cfg.warmup_steps, total))
     start, notes = 0, []
     if ckpt is not None:
         state = load_state(ckpt)
-        opt.load_state_dict(state["optimizer"])
+        if cfg.fsdp:
+            from srtcli.train_fsdp import load_optimizer
+
+            load_optimizer(model, opt, state["optimizer"])
+        else:
+            opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start = int(state["step"])
@@ -227,8 +257,13 @@ def _record(step: int, epoch: int, lr: float, res: StepResult, grad_norm: float,
 
 def _save(cfg: TrainConfig, info: dist.DistInfo, step: int, model, opt, sched, model_dir: Path) -> Path | None:
     path = None
+    states: tuple[dict | None, dict | None] = (None, None)
+    if cfg.fsdp:  # every rank takes part in gathering the full state
+        from srtcli.train_fsdp import full_states
+
+        states = full_states(model, opt)
     if info.main:
-        path = save_checkpoint(Path(cfg.out), step, model, opt, sched, model_dir, {"config": _jsonable(cfg)})
+        path = save_checkpoint(Path(cfg.out), step, model, opt, sched, model_dir, {"config": _jsonable(cfg)}, *states)
     dist.barrier(info)
     return path
 
@@ -281,7 +316,8 @@ def _loop(cfg, info, data, batches, total, built: Built, reporter) -> dict[str, 
     for step in range(start, total):
         ts = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        res = step_gradients(model, ref, batches[step % len(batches)], loss_cfg, cfg.micro_batch_tokens, info, attn)
+        batch = batches[step % len(batches)]
+        res = step_gradients(model, ref, batch, loss_cfg, cfg.micro_batch_tokens, info, attn, cfg.fsdp)
         limit = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
         lr = sched.get_last_lr()[0]
@@ -311,6 +347,7 @@ def _loop(cfg, info, data, batches, total, built: Built, reporter) -> dict[str, 
         "packed_tokens": sum(r.packed_tokens for r in data.rows),
         "attn": attn,
         "world": info.world,
+        "fsdp": cfg.fsdp,
         "out": str(cfg.out),
     }
     summary["token_ratio"] = summary["packed_tokens"] / max(summary["tokens"], 1)

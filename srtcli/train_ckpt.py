@@ -59,18 +59,23 @@ def save_checkpoint(
     scheduler: Any,
     tokenizer_src: Path,
     extra: dict[str, Any],
+    model_state: dict | None = None,
+    optim_state: dict | None = None,
 ) -> Path:
-    """Write `out/checkpoints/step-N` atomically; returns its path."""
+    """Write `out/checkpoints/step-N` atomically; returns its path.
+
+    `model_state` / `optim_state` replace the modules' own state dicts (FSDP gathers full
+    ones, see srtcli/train_fsdp.py)."""
     final = step_dir(out, step)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(str(tmp))
+    model.save_pretrained(str(tmp), state_dict=model_state)
     copy_tokenizer_files(tokenizer_src, tmp)
     torch.save(
         {
             "step": step,
-            "optimizer": optimizer.state_dict(),
+            "optimizer": optim_state if optim_state is not None else optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
             "rng": rng_state(),
             "extra": extra,

@@ -51,13 +51,11 @@ _PATH = click.Path(path_type=Path)
 @click.option("--skip-bad", is_flag=True, help="Skip malformed pool lines (counted) instead of failing.")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Data-parallel processes (launches torchrun --nproc-per-node N).")
-@click.option("--fsdp", is_flag=True, help="Shard the model with FSDP2 (not implemented yet).")
+@click.option("--fsdp", is_flag=True, help="Shard parameters, gradients and optimizer state with FSDP2 (needs --nproc >= 2 or torchrun).")
 @click.option("--json", "json_mode", is_flag=True, help="Print the final summary as one JSON object.")
 @click.pass_context
-def train(ctx: click.Context, nproc: int, fsdp: bool, json_mode: bool, **opts) -> None:
+def train(ctx: click.Context, nproc: int, json_mode: bool, **opts) -> None:
     """Policy-gradient (PPO-clip) training over packed shards or a raw steps pool."""
-    if fsdp:
-        raise SrtError("--fsdp is not implemented yet (see docs/train.md); use data parallel (--nproc)")
     if (opts["steps"] is None) == (opts["shards"] is None):
         raise SrtError("give exactly one of --shards DIR or --steps POOL")
     if nproc > 1:
@@ -100,7 +98,7 @@ def _launch(ctx: click.Context, nproc: int, json_mode: bool) -> int:
     """torchrun with every resolved option (config-file values included), minus --nproc."""
     args = []
     for p in ctx.command.params:
-        if not isinstance(p, click.Option) or p.name in ("nproc", "config", "fsdp"):
+        if not isinstance(p, click.Option) or p.name in ("nproc", "config"):
             continue
         value = ctx.params.get(p.name)
         flag = p.opts[0]

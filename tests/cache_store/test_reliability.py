@@ -246,3 +246,30 @@ def test_a_compaction_killed_anywhere_leaves_the_cache_whole(tmp_path):
     compact(s)  # a later compaction clears what a killed one left behind
     s.close()
     assert not list(path.glob(".compact-*"))
+
+
+READER = r"""
+import sys, time
+from cache_store.store import CacheStore
+s = CacheStore.open(sys.argv[1])
+txn = s.env.begin()  # a read snapshot that pins pages until it ends
+print("reading", flush=True)
+time.sleep(60)
+"""
+
+
+def test_reader_slots_of_killed_processes_are_cleared_on_open(tmp_path):
+    path = tmp_path / "c"
+    holder = CacheStore.open(path)  # keeps the environment in use, so LMDB never resets its lock table
+    p = subprocess.Popen([sys.executable, "-c", READER, str(path)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "reading"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    p.stdout.close()
+    dead = f" {p.pid} "
+    assert dead in holder.env.readers()  # the dead reader still holds its slot...
+    opener = "import sys; from cache_store.store import CacheStore; print(CacheStore.open(sys.argv[1]).env.readers())"
+    out = subprocess.run([sys.executable, "-c", opener, str(path)], capture_output=True, text=True, check=True)
+    assert dead not in out.stdout  # ...until another process opens the cache (reader_check)
+    assert dead not in holder.env.readers()
+    holder.close()

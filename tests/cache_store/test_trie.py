@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import random
 import struct
+import threading
 from collections import Counter
 
 import numpy as np
@@ -353,3 +354,27 @@ def test_large_vocab_and_many_nodes_grow_correctly():
     d = t.draft(seqs[0][:150], budget=16, min_prob=0.0)
     assert d.tokens == seqs[0][150:153] and d.match_len == 3
     assert t.memory_bytes() < 200 * t.nodes
+
+
+def test_threads_sharing_a_tree_see_whole_operations():
+    # every call holds the GIL; interleaved streams from threads must equal the same inserts
+    rng = random.Random(9)
+    seqs = [[rng.randrange(8) for _ in range(400)] for _ in range(4)]
+    t = TokenTree(10)
+
+    def work(seq):
+        s = t.stream()
+        for i in range(0, len(seq), 3):
+            s.extend(seq[i:i + 3])
+            t.draft(seq[:i + 1], budget=8)
+            t.draft_tree(seq[:i + 1], budget=8)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in seqs]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    whole = TokenTree(10)
+    for s in seqs:
+        whole.insert(s)
+    assert t.to_bytes() == whole.to_bytes()

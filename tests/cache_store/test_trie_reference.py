@@ -253,6 +253,7 @@ def test_random_programs_catch_wrong_variant(variant):
         settings=settings(max_examples=3000, deadline=None, database=None, phases=[Phase.generate],
                           suppress_health_check=list(HealthCheck)))
     assert disagreement(*found, ref_cls=variant) is not None
+    assert disagreement(*found) is None  # the compiled tree itself agrees with the true reference
 
 
 # the minimal counterexamples hypothesis found for each variant, kept as regressions

@@ -190,6 +190,9 @@ def test_add_usage_errors(tmp_path, tok_dir):
                    "not a model directory")
     one_line_error(run("cache", "add", str(ids), "--cache", str(cache), "--model", str(tok_dir),
                        "--tokenizer-fingerprint", "wrong"), "differs")
+    big = write_jsonl(tmp_path / "big.jsonl", [{"prompt_ids": [1], "response_ids": [2, 999]}])
+    one_line_error(run("cache", "add", str(big), "--cache", str(cache), "--model", str(tok_dir)),
+                   f"{big}:1:", "outside the tokenizer's vocabulary (size 15)")
     assert not cache.exists()  # nothing was created by any of them
     notcache = tmp_path / "notcache"
     notcache.mkdir()

@@ -23,8 +23,9 @@ def test_version_and_help_from_the_installed_script():
 @config_option
 @click.option("--max-tokens", type=int, default=8192)
 @click.option("--name", default="x")
-def echo(max_tokens, name):
-    click.echo(f"{max_tokens} {name}")
+@click.option("--yes", is_flag=True)
+def echo(max_tokens, name, yes):
+    click.echo(f"{max_tokens} {name}" + (" yes" if yes else ""))
 
 
 def test_config_keys_are_long_flags_and_flags_win(tmp_path):
@@ -49,3 +50,27 @@ def test_config_errors_are_one_line(tmp_path):
     assert r.exit_code == 1 and "unknown key 'nope'" in r.output
     r = CliRunner().invoke(echo, ["--config", str(tmp_path / "missing.yaml")])
     assert r.exit_code == 1 and "not found" in r.output
+
+
+def test_a_bare_yes_key_is_the_yes_flag(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("yes: true\n")
+    r = CliRunner().invoke(echo, ["--config", str(cfg)])
+    assert r.output.strip() == "8192 x yes"
+
+
+@click.command()
+@config_option
+@click.option("--cache", "cache_dir", default="none")
+@click.option("--run-ahead/--no-run-ahead", default=True)
+def named(cache_dir, run_ahead):
+    click.echo(f"{cache_dir} {run_ahead}")
+
+
+def test_keys_match_flags_even_when_the_parameter_is_named_otherwise(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("cache: /tmp/c\nno-run-ahead: true\n")
+    r = CliRunner().invoke(named, ["--config", str(cfg)])
+    assert r.output.strip() == "/tmp/c False"
+    r = CliRunner().invoke(named, ["--config", str(cfg), "--run-ahead"])
+    assert r.output.strip() == "/tmp/c True"

@@ -133,3 +133,21 @@ def test_sampling_at_t1_gives_mixed_rewards_and_multi_turn_tool_use(bundled):
     assert any(s.turns >= 3 for s in res.samples)  # two tool calls: three turns
     lengths = [len(tok.encode(s.text, add_special_tokens=False)) for s in res.samples]
     assert 15 <= sum(lengths) / len(lengths) <= 80
+
+
+@pytest.mark.slow
+def test_srt_rollout_runs_on_the_bundled_model_with_no_model_flag(tmp_path):
+    """The issue's headline: right after install, `srt rollout --prompts <workload>` needs nothing else."""
+    import subprocess
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join((ARITH / "prompts.jsonl").read_text().splitlines(keepends=True)[:2]))
+    srt = Path(sys.executable).parent / "srt"
+    out = subprocess.run([str(srt), "rollout", "--prompts", str(prompts), "-n", "2", "--tools", "calculator",
+                          "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "pool"), "--json"],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["prompts"] == 2 and summary["generated_tokens"] > 0
+    steps = [json.loads(line) for line in (tmp_path / "pool" / "rollout.jsonl").read_text().splitlines()]
+    assert {s["meta"]["prompt_id"] for s in steps} == {"train-0000", "train-0001"}

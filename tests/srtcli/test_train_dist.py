@@ -95,17 +95,45 @@ def _srt_json(args):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
-def test_nproc_2_command_equals_one_process(setup, tmp_path):
-    common = ["--shards", setup["shards"], "--model", setup["model"], "--lr", "1e-2", "--epochs", "2",
-              "--micro-batch-tokens", "64", "--loss-agg", "seq-mean-token-sum"]
-    one = _srt_json([*common, "--out", tmp_path / "one"])
-    two = _srt_json([*common, "--out", tmp_path / "two", "--nproc", "2"])
+def _common(setup):
+    return ["--shards", setup["shards"], "--model", setup["model"], "--lr", "1e-2", "--epochs", "2",
+            "--micro-batch-tokens", "64", "--loss-agg", "seq-mean-token-sum", "--kl-coef", "0.1"]
+
+
+@pytest.fixture(scope="module")
+def one_process(setup):
+    out = setup["root"] / "one"
+    return _srt_json([*_common(setup), "--out", out]), out
+
+
+def _same_run(one, out_one, two, out_two):
     assert two["world"] == 2 and one["world"] == 1
     assert two["loss"] == pytest.approx(one["loss"], rel=TOL) and two["grad_norm"] == pytest.approx(one["grad_norm"], rel=TOL)
     assert two["last_loss"] == pytest.approx(one["last_loss"], rel=1e-4)
-    w1, w2 = load_file(str(tmp_path / "one" / "model.safetensors")), load_file(str(tmp_path / "two" / "model.safetensors"))
-    assert max(float((w1[k] - w2[k]).abs().max()) for k in w1) <= 1e-5
-    m1 = (tmp_path / "one" / "metrics.jsonl").read_text().splitlines()
-    m2 = (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()
-    assert len(m1) == len(m2) == 2 and json.loads(m2[0])["tokens"] == json.loads(m1[0])["tokens"]
+    w1, w2 = load_file(str(out_one / "model.safetensors")), load_file(str(out_two / "model.safetensors"))
+    assert w1.keys() == w2.keys() and max(float((w1[k] - w2[k]).abs().max()) for k in w1) <= 1e-5
+    m1 = [json.loads(x) for x in (out_one / "metrics.jsonl").read_text().splitlines()]
+    m2 = [json.loads(x) for x in (out_two / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in m2] == [m["step"] for m in m1] == [1, 2]
+    assert [m["tokens"] for m in m2] == [m["tokens"] for m in m1] and m2[1]["kl"] == pytest.approx(m1[1]["kl"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_nproc_2_command_equals_one_process(setup, one_process, tmp_path):
+    two = _srt_json([*_common(setup), "--out", tmp_path / "two", "--nproc", "2"])
+    _same_run(*one_process, two, tmp_path / "two")
+
+
+@pytest.mark.slow
+def test_fsdp_with_a_resume_equals_one_process(setup, one_process, tmp_path):
+    """FSDP2 on 2 gloo ranks: stop after step 1 (a gathered checkpoint), resume, compare."""
+    args = [*_common(setup), "--out", tmp_path / "fsdp", "--nproc", "2", "--fsdp"]
+    first = _srt_json([*args, "--max-steps", "1"])
+    assert first["fsdp"] and first["steps"] == 1
+    two = _srt_json([*args, "--resume"])
+    assert two["steps_run"] == 1
+    two["loss"], two["grad_norm"] = first["loss"], first["grad_norm"]  # the first step ran in the first launch
+    _same_run(*one_process, two, tmp_path / "fsdp")
+    r = subprocess.run([sys.executable, "-m", "srtcli", "train", *map(str, _common(setup)), "--out", tmp_path / "x", "--fsdp"],
+                       env=ENV, capture_output=True, text=True)
+    assert r.returncode == 1 and "--nproc" in r.stderr and "Traceback" not in r.stderr
