@@ -8,8 +8,8 @@ C(v) = count(v) / (sum of the counts of v and its siblings); see docs/cache.md, 
 the exact rules (match cap, ties, threshold, draft tree order, decay, bytes format).
 
 The work happens in the compiled core `cache_store._trie` (C sources in cache_store/csrc/,
-built by `pip install -e .` through setup.py); this module is the typed face of it. The LMDB layer (cache_store/store.py)
-persists trees with `to_bytes`/`from_bytes`, decays them with `scale` and folds a process's
+built by `pip install -e .` through setup.py); this module is the typed face of it. The LMDB
+layer (cache_store/store.py) persists trees with `to_bytes`/`from_bytes`, decays them with `scale` and folds a process's
 added counts in with `merge`; the rollout drafter calls `stream().extend`, `draft`, `draft_tree`.
 """
 
@@ -147,7 +147,7 @@ class TokenTree:
         """Rebuild a tree from `to_bytes` output; ValueError on anything malformed."""
         return cls._wrap(_trie.Tree.from_bytes(data))
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple:
         return (TokenTree.from_bytes, (self.to_bytes(),))
 
     def __repr__(self) -> str:

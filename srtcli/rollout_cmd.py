@@ -241,7 +241,7 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
     params = SamplingParams(o["temperature"], o["top_p"], o["top_k"])
     engine = Engine(model, params, drafter, slots=o["batch_size"], budget=o["budget"] if o["draft"] != "none" else 0,
                     max_len=min(ctx, max(len(p.ids) for p in prompts) + o["max_new_tokens"] + 64),
-                    eos_ids={tok.eos_token_id}, seed=o["seed"], stop_fn=stop_fn, turn_end=turn_end)
+                    eos_ids=_eos_ids(model, tok), seed=o["seed"], stop_fn=stop_fn, turn_end=turn_end)
     per = o["rollout_batch"] or max(1, len(todo))
     chunks = [todo[i: i + per] for i in range(0, len(todo), per)]
     batches = [[Sequence(prompts[i].ids, o["max_new_tokens"], group=uids[i],
@@ -290,6 +290,14 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
     cpu = time.process_time() - c0
     return {**_summary(engine, drafter, time.perf_counter() - t0, len(prompts), len(skip), out, o),
             "cpu_s": round(cpu, 3)}
+
+
+def _eos_ids(model: Any, tok: Any) -> set[int]:
+    """The tokenizer's eos plus any the model's generation config lists."""
+    ids = {tok.eos_token_id}
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids.update(gen if isinstance(gen, (list, tuple)) else [gen] if gen is not None else [])
+    return {int(i) for i in ids if i is not None}
 
 
 def _open_store(o: dict) -> Any:

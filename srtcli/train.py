@@ -89,6 +89,9 @@ def resolve_attn(attn: str, device: str) -> str:
     """`auto`: compiled FlexAttention on CUDA, the SDPA boolean mask on CPU."""
     if attn == "auto":
         return "flex" if device.startswith("cuda") else "sdpa"
+    if attn == "flex" and not device.startswith("cuda"):
+        # torch 2.13: FlexAttention has no backward on CPU, compiled or not
+        raise SrtError("--attn flex trains on CUDA only (FlexAttention has no backward on CPU); use sdpa or eager")
     return attn
 
 
@@ -284,6 +287,7 @@ def train(cfg: TrainConfig, info: dist.DistInfo | None = None, json_mode: bool =
     total = len(batches) * cfg.epochs
     if cfg.max_steps > 0:
         total = min(total, cfg.max_steps)
+    resolve_attn(cfg.attn, info.device)  # a bad choice fails before anything is written
     _check_out(cfg)
     dist.barrier(info)  # every rank checked --out before rank 0 writes to it
     built = _build(cfg, info, total)

@@ -300,6 +300,11 @@ def test_bad_bytes_raise_value_error():
         "negative": patched(b, cnt + 8, "<d", -1.0),
         "duplicate": patched(b, tok + 4, "<I", struct.unpack_from("<I", b, tok)[0]),
     }
+    # two root children swapped: a well-formed tree, but not the canonical order to_bytes writes
+    t0, t1 = struct.unpack_from("<2I", b, tok)
+    c0, c1 = struct.unpack_from("<2d", b, cnt)
+    swapped = patched(patched(b, tok, "<I", t1), tok + 4, "<I", t0)
+    bad["sibling order"] = patched(patched(swapped, cnt, "<d", c1), cnt + 8, "<d", c0)
     deep = TokenTree(3)
     deep.insert([1, 2, 3])
     bad["too deep"] = patched(deep.to_bytes(), 8, "<I", 2)

@@ -145,4 +145,6 @@ def test_bad_input_is_one_line(setup, tmp_path):
                     "config.json")
     _one_line_error(srt("train", "--steps", setup["pool"], "--model", tmp_path / "nomodel", "--out", tmp_path / "o"),
                     "no such model directory")
+    if not torch.cuda.is_available():
+        _one_line_error(srt("train", "--steps", setup["pool"], *m, "--attn", "flex"), "CUDA")
     assert not (tmp_path / "o").exists()  # nothing written on a failed start

@@ -102,8 +102,14 @@ def _common(setup):
 
 @pytest.fixture(scope="module")
 def one_process(setup):
+    from click.testing import CliRunner
+
+    from srtcli.cli import cli
+
     out = setup["root"] / "one"
-    return _srt_json([*_common(setup), "--out", out]), out
+    r = CliRunner().invoke(cli, ["train", *map(str, _common(setup)), "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout.strip().splitlines()[-1]), out
 
 
 def _same_run(one, out_one, two, out_two):

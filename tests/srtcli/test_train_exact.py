@@ -80,6 +80,14 @@ def test_micro_batching_does_not_change_the_step(models, data, micro):
     _check(grads(models["policy"], packed_split, cfg, micro=micro), grads(models["policy"], plain_split, cfg))
 
 
+@pytest.mark.parametrize("attn", ["eager"])  # flex: CUDA only (no backward on CPU)
+def test_every_attention_backend(models, data, attn):
+    plain, packed = data["duplicates"]
+    cfg = LossConfig(agg="seq-mean-token-sum", kl_coef=0.1)
+    want = grads(models["policy"], plain, cfg, ref_path=models["ref"])
+    _check(grads(models["policy"], packed, cfg, ref_path=models["ref"], attn=attn), want)
+
+
 def test_llama_too(models, tmp_path):
     steps = scenario("multi_turn", models["llama"], seed=3)
     pool = write_pool(steps, (tmp_path / "pool"))

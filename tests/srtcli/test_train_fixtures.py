@@ -169,11 +169,11 @@ def load(path: Path, seed_kind: str = "qwen2"):
 
 
 def grads(model_path: Path, rows, cfg: LossConfig, micro: int = 0, ref_path: Path | None = None,
-          info: DistInfo = DistInfo()) -> tuple[float, dict[str, torch.Tensor]]:
+          info: DistInfo = DistInfo(), attn: str = "sdpa") -> tuple[float, dict[str, torch.Tensor]]:
     """(global loss, gradients) of one optimizer step over `rows`, from the weights on disk."""
     model = load(model_path)
     ref = load(ref_path).requires_grad_(False) if ref_path is not None else None
-    res = step_gradients(model, ref, rows, cfg, micro, info, "sdpa")
+    res = step_gradients(model, ref, rows, cfg, micro, info, attn)
     return res.stats.loss, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
