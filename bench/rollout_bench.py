@@ -56,7 +56,8 @@ def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path)
                 cache_opt=str(cache), out=str(out), batch_size=args.batch_size,
                 rollout_batch=args.rollout_batch, run_ahead=cfg["run_ahead"],
                 run_ahead_tokens=args.run_ahead_tokens, tools="calculator" if args.tools else None,
-                reward=None, device="cpu", threads=1, resume=False, as_json=True)
+                reward=None, device="cpu", threads=1, resume=False, as_json=True,
+                adaptive_budget=not args.fixed_budget)
 
 
 def hf_generate(args, model_path: Path, prompts: Path) -> dict:
@@ -108,6 +109,7 @@ def main() -> None:
     ap.add_argument("--rollout-batch", type=int, default=8)
     ap.add_argument("--run-ahead-tokens", type=int, default=32)
     ap.add_argument("--tools", action="store_true", help="run the calculator tool")
+    ap.add_argument("--fixed-budget", action="store_true", help="no adaptive draft length")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out")
@@ -133,6 +135,12 @@ def main() -> None:
                   f"run-ahead {s['run_ahead_tokens']}", flush=True)
     ref = hf_generate(args, model, prompts)
     print(f"HF generate (batched sampling): wall {ref['wall_s']:.2f}s  {ref['tokens_per_s']:.1f} tok/s")
+    if "none" in names:  # HF generate runs no tools: compare with `none` under the same terms
+        o = options(args, CONFIGS["none"], model, prompts, work / "cache-ref", work / "pool-ref")
+        o["tools"] = None
+        ref["none_no_tools"] = run_rollout(**o)
+        s = ref["none_no_tools"]
+        print(f"none without tools:             wall {s['wall_s']:.2f}s  {s['tokens_per_s']:.1f} tok/s")
     report(results, ref, names, args.epochs)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"results": results, "hf_generate": ref}, indent=1))
@@ -158,7 +166,9 @@ def report(results: dict, ref: dict, names: list[str], epochs: int) -> None:
             continue
         none = results["none"]
         ref_speed = ref["tokens_per_s"] if by == "wall" else ref["tokens_per_cpu_s"]
-        print(f"none vs HF generate ({by}): {speed(none[0], by) / ref_speed:.2f}x (epoch 1; target >= 1)")
+        plain = ref.get("none_no_tools", none[0])
+        print(f"none (no tools, as HF generate) vs HF generate ({by}): {speed(plain, by) / ref_speed:.2f}x "
+              "(target >= 1)")
         if "srt" in results:
             srt = results["srt"]
             print(f"epoch 1 srt cost vs none ({by}): {speed(none[0], by) / speed(srt[0], by) - 1:+.1%} (target <= +5%)")

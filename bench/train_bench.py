@@ -9,8 +9,10 @@ AdamW) three ways, side by side in the same run, on the same random tiny Qwen2:
     padded  all sequences in one right-padded batch, the `--steps` path with a big micro-batch
     single  one sequence per forward (gradient accumulation), `--steps --micro-batch-tokens 0`
 
-Each (scenario, mode) runs in its own subprocess so that peak memory (CUDA: max allocated;
-CPU: max RSS growth over the loaded model) is its own. Printed: median step seconds, peak MiB,
+Times come from one process per scenario that interleaves the modes step by step (a shared
+machine's load then hits every mode alike); peak memory comes from a fresh process per
+(scenario, mode) running one step (CUDA: max allocated; CPU: max RSS growth over the loaded
+model). Printed: median step seconds, peak MiB,
 the token ratio (packed / unpacked tokens), the time ratio packed / padded, and the target
 `packed <= 1.2 x token ratio x padded`. Not a test: timings on a shared machine are noisy.
 
@@ -71,15 +73,13 @@ def peak_mib(device: str, base_rss_kib: int) -> float:
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base_rss_kib) / 1024
 
 
-def run_one(args) -> dict:
-    """One (scenario, mode) in this process: median optimizer-step seconds and peak memory."""
+def setup(args):
+    """(model, steps, device, attn) for one scenario."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from srtcli.dist import DistInfo
-    from srtcli.loss import LossConfig
     from srtcli.pool import read_pool
-    from srtcli.train import resolve_attn, step_gradients
+    from srtcli.train import resolve_attn
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -94,29 +94,72 @@ def run_one(args) -> dict:
     else:
         n, p, b = map(int, args.scenario.split("/"))
         steps = synthetic_steps(n, p, b, args.vocab)
-    rows = work_rows(steps, args.mode)
-    micro = 0 if args.mode == "single" else 1 << 30
-    attn = resolve_attn("auto", device)
+    return model, steps, device, resolve_attn("auto", device)
+
+
+def one_step(model, opt, rows, mode: str, device: str, attn: str):
+    """One full optimizer step; returns (seconds, StepResult)."""
+    import torch
+
+    from srtcli.dist import DistInfo
+    from srtcli.loss import LossConfig
+    from srtcli.train import step_gradients
+
+    micro = 0 if mode == "single" else 1 << 30
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    res = step_gradients(model, None, rows, LossConfig(), micro, DistInfo(device=device), attn)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, res
+
+
+def run_times(args) -> dict:
+    """All modes of one scenario in one process, interleaved (packed, padded, single, packed,
+    ...), so that load from other processes on a shared machine hits every mode alike."""
+    import torch
+
+    model, steps, device, attn = setup(args)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    info = DistInfo(device=device)
+    rows = {m: work_rows(steps, m) for m in MODES}
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    out: dict[str, dict] = {}
+    for i in range(args.repeats + 1):  # round 0 warms up (allocator, kernels)
+        for m in MODES:
+            secs, res = one_step(model, opt, rows[m], m, device, attn)
+            if i:
+                times[m].append(secs)
+            out[m] = {"tokens": res.tokens, "packed_tokens": res.packed_tokens,
+                      "forward_tokens": sum(r.cost for r in rows[m]), "device": device, "attn": attn}
+    for m in MODES:
+        out[m]["step_s"] = statistics.median(times[m])
+    return out
+
+
+def run_memory(args) -> dict:
+    """Peak memory of one optimizer step of one mode (a fresh process per mode)."""
+    import torch
+
+    model, steps, device, attn = setup(args)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    rows = work_rows(steps, args.mode)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for i in range(args.repeats + 1):  # the first step warms up (allocator, kernels)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        res = step_gradients(model, None, rows, LossConfig(), micro, info, attn)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - t0)
-    return {"step_s": statistics.median(times), "peak_mib": peak_mib(device, base), "tokens": res.tokens,
-            "packed_tokens": res.packed_tokens, "forward_tokens": sum(r.cost for r in rows), "device": device, "attn": attn}
+    one_step(model, opt, rows, args.mode, device, attn)
+    return {"peak_mib": peak_mib(device, base)}
+
+
+def _child(args, sc: str, *extra: str) -> dict:
+    cmd = [sys.executable, __file__, "--scenario", sc, "--repeats", str(args.repeats), "--hidden", str(args.hidden),
+           "--layers", str(args.layers), "--vocab", str(args.vocab), "--threads", str(args.threads), *extra]
+    cmd += ["--pool", args.pool] if args.pool else []
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -134,21 +177,16 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-        print(json.dumps(run_one(args)))
+        print(json.dumps(run_memory(args) if args.mode else run_times(args)))
         return
     scenarios = [f"{n}/{p}/{b}" for n, p, b in SCENARIOS] + (["pool"] if args.pool else [])
     print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}; "
-          f"median of {args.repeats} optimizer steps; {args.threads} thread(s)")
+          f"median of {args.repeats} optimizer steps per mode, modes interleaved; {args.threads} thread(s)")
     print(f"{'scenario':<12} {'mode':<7} {'step s':>8} {'peak MiB':>9} {'fwd tokens':>10}")
     for sc in scenarios:
-        res = {}
+        res = _child(args, sc)
         for mode in MODES:
-            cmd = [sys.executable, __file__, "--scenario", sc, "--mode", mode, "--repeats", str(args.repeats),
-                   "--hidden", str(args.hidden), "--layers", str(args.layers), "--vocab", str(args.vocab),
-                   "--threads", str(args.threads)] + (["--pool", args.pool] if args.pool else [])
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-            res[mode] = json.loads(out.strip().splitlines()[-1])
-            r = res[mode]
+            r = res[mode] | _child(args, sc, "--mode", mode)
             print(f"{sc:<12} {mode:<7} {r['step_s']:>8.3f} {r['peak_mib']:>9.1f} {r['forward_tokens']:>10}")
         token_ratio = res["packed"]["packed_tokens"] / res["packed"]["tokens"]
         time_ratio = res["packed"]["step_s"] / res["padded"]["step_s"]

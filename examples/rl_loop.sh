@@ -4,7 +4,7 @@
 # accepted.png, metrics.json in the run directory).
 #
 #   examples/rl_loop.sh [RUN_DIR]                  # default RUN_DIR: runs/arith
-#   EPOCHS=3 K=8 LR=2e-4 examples/rl_loop.sh runs/x
+#   EPOCHS=3 K=8 LR=1e-3 examples/rl_loop.sh runs/x
 #
 # The tree cache (RUN_DIR/cache, or $CACHE) is kept across epochs and across invocations:
 # kill the script and start it again with the same RUN_DIR and it continues where it stopped
@@ -20,8 +20,9 @@ K="${K:-8}"                      # samples per prompt (the GRPO group)
 EVAL_K="${EVAL_K:-4}"
 PROMPTS="${PROMPTS:-$HERE/arith/prompts.jsonl}"
 EVAL="${EVAL:-$HERE/arith/eval.jsonl}"
-LR="${LR:-2e-4}"
-BATCH="${BATCH:-256}"            # steps per optimizer step
+LR="${LR:-1e-3}"                 # a 1.2M-parameter model trained at 3e-3; PPO clipping keeps it sane
+BATCH="${BATCH:-128}"            # steps (model turns) per optimizer step
+PACK_TOKENS="${PACK_TOKENS:-2048}"  # real tokens per packed row: ~17 rows, ~10 optimizer steps an epoch
 MAX_NEW="${MAX_NEW:-96}"
 CACHE="${CACHE:-$RUN/cache}"
 DRAFT="${DRAFT:-srt}"
@@ -36,7 +37,7 @@ MODEL0="${MODEL:-$("$PYTHON" -c 'from srtcli.models import default_model_dir; pr
 
 mkdir -p "$RUN"
 CMDS="$RUN/commands.txt"
-[[ -f "$CMDS" ]] || echo "# $(date -u +%FT%TZ) examples/rl_loop.sh $RUN  (EPOCHS=$EPOCHS K=$K EVAL_K=$EVAL_K LR=$LR BATCH=$BATCH)" > "$CMDS"
+[[ -f "$CMDS" ]] || echo "# $(date -u +%FT%TZ) examples/rl_loop.sh $RUN  (EPOCHS=$EPOCHS K=$K EVAL_K=$EVAL_K LR=$LR BATCH=$BATCH PACK_TOKENS=$PACK_TOKENS)" > "$CMDS"
 
 # run OUT.json CMD...: run CMD, keep its last stdout line (the --json object) in OUT.json.
 run() {
@@ -64,7 +65,7 @@ for ((e = 0; e <= EPOCHS; e++)); do
   # Eval prompts get their own cache so they never warm the training prompts' trees.
   rollout "$EVAL" "$model" "$EVAL_K" "$RUN/eval-cache" "$d/eval-pool" "$((1000 + e))" "$d/eval.json"
   if ((e < EPOCHS)); then
-    run "$d/pack.json" "$SRT" pack --steps "$d/pool" --out "$d/shards" --overwrite --json
+    run "$d/pack.json" "$SRT" pack --steps "$d/pool" --out "$d/shards" --max-tokens "$PACK_TOKENS" --overwrite --json
     resume=()
     [[ -d "$d/ckpt" ]] && resume=(--resume)
     run "$d/train.json" "$SRT" train --shards "$d/shards" --model "$model" --out "$d/ckpt" \

@@ -81,6 +81,13 @@ class SlotKVCache(Cache):
             return kb[:, :, : self._lcur], vb[:, :, : self._lcur]
         return kb[self._rows, :, : self._lcur], vb[self._rows, :, : self._lcur]
 
+    @torch.inference_mode()
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Give slot `dst` the keys/values of slot `src`'s first n positions (a shared prompt)."""
+        for layer in self.k:
+            self.k[layer][dst, :, :n] = self.k[layer][src, :, :n]
+            self.v[layer][dst, :, :n] = self.v[layer][src, :, :n]
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions are always passed explicitly
 
@@ -106,6 +113,7 @@ class Sequence:
     forwards: int = 0
     drafted: int = 0
     accepted: int = 0
+    spec_len: int = -1  # adaptive draft length (engine-managed; -1 = not started)
     drafter_state: Any = None
 
     def __post_init__(self) -> None:
@@ -152,10 +160,11 @@ class Engine:
         seed: int = 0,
         stop_fn: StopFn | None = None,
         turn_end: TurnEndFn | None = None,
+        adaptive: bool = True,
     ):
         self.model, self.params, self.drafter = model, params, drafter
         self.budget, self.max_len, self.eos_ids = budget, max_len, set(eos_ids)
-        self.stop_fn, self.turn_end = stop_fn, turn_end
+        self.stop_fn, self.turn_end, self.adaptive = stop_fn, turn_end, adaptive
         self.device = next(model.parameters()).device
         # our attention function only while the engine runs the model (the model stays as given)
         self._attn = "srt_slots" if model.config._attn_implementation in ("sdpa", "eager") else None
@@ -164,6 +173,8 @@ class Engine:
         self.slots: list[Sequence | None] = [None] * slots
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.stats = EngineStats()
+        # prompt -> (p after it, sequences whose slots hold its KV): see _share_prompts
+        self._prompts: dict[tuple, tuple[torch.Tensor, list[Sequence]]] = {}
 
     # -- slots ---------------------------------------------------------------
     def free_slots(self) -> int:
@@ -194,14 +205,59 @@ class Engine:
         rows = self.active()
         if not rows:
             return []
+        rows, followers = self._share_prompts(rows)
         props = [self._propose(s) for s in rows]
-        decode = [i for i, s in enumerate(rows) if len(s.tokens) - s.cache_len <= 1]
-        prefill = [i for i, s in enumerate(rows) if len(s.tokens) - s.cache_len > 1]
+        # short pending runs (a tool result) ride with the decode rows; only long ones (a fresh
+        # prompt) get their own forward, so they do not pad every decode row
+        short = max(8, self.budget + 1)
+        decode = [i for i, s in enumerate(rows) if len(s.tokens) - s.cache_len <= short]
+        prefill = [i for i, s in enumerate(rows) if len(s.tokens) - s.cache_len > short]
         done: list[Sequence] = []
         for bucket in (decode, prefill):
             if bucket:
                 done += self._run([rows[i] for i in bucket], [props[i] for i in bucket])
+        for seq, key in followers:
+            if self._follow(seq, key):
+                done.append(seq)
         return done
+
+    def _share_prompts(self, rows: list[Sequence]) -> tuple[list[Sequence], list[tuple[Sequence, tuple]]]:
+        """Prefix sharing for the K samples of a prompt: a fresh sequence whose prompt is already
+        in another live slot's cache (or is being prefilled this step) skips its own prefill. It
+        copies that slot's prompt KV and samples its first token from the distribution after
+        the prompt, which was computed once (`_prompts`). Exact: same tokens, same positions."""
+        run, followers, leading = [], [], set()
+        for seq in rows:
+            if seq.cache_len == 0 and len(seq.tokens) > 1:
+                key = tuple(seq.tokens)
+                if key in leading or self._donor(key) is not None:
+                    followers.append((seq, key))
+                    continue
+                leading.add(key)
+            run.append(seq)
+        return run, followers
+
+    def _donor(self, key: tuple) -> Sequence | None:
+        entry = self._prompts.get(key)
+        if entry is None:
+            return None
+        live = [s for s in entry[1] if s.slot >= 0 and self.slots[s.slot] is s and s.cache_len >= len(key)]
+        if not live:
+            del self._prompts[key]
+            return None
+        entry[1][:] = live
+        return live[0]
+
+    def _follow(self, seq: Sequence, key: tuple) -> bool:
+        donor = self._donor(key)
+        if donor is None:  # the leader finished at once and gave its slot back: prefill later
+            return False
+        self.cache.copy_prefix(donor.slot, seq.slot, len(key))
+        p0 = self._prompts[key][0]
+        tok = int(torch.multinomial(p0, 1, generator=self.gen))
+        lp = float(p0[tok].clamp_min(1e-38).log())
+        self._prompts[key][1].append(seq)
+        return self._apply(seq, 0, 0, [tok], [lp])
 
     def _propose(self, seq: Sequence) -> Proposal:
         pending = len(seq.tokens) - seq.cache_len
@@ -210,10 +266,23 @@ class Engine:
             seq.max_new_tokens - seq.generated - 1,
             self.max_len - seq.cache_len - pending - 1,
         )
+        if self.adaptive:
+            if seq.spec_len < 0:
+                seq.spec_len = self.budget
+            room = min(room, seq.spec_len)
         if room <= 0:
             return Proposal([])
         prop = self.drafter.propose(seq, room)
         return prop.truncate(room)
+
+    def _adapt(self, seq: Sequence, drafted: int, a: int) -> None:
+        """Next draft length from this step's outcome: grow after a fully accepted draft,
+        shrink to what was accepted (+1) after a rejection. It depends only on past outcomes,
+        so verification stays exact; on a compute-bound device it stops paying for tokens
+        that keep being rejected."""
+        if not self.adaptive or drafted == 0:
+            return
+        seq.spec_len = min(self.budget, seq.spec_len + 2) if a == drafted else max(1, a + 1)
 
     def _run(self, rows: list[Sequence], props: list[Proposal]) -> list[Sequence]:
         p = self._forward(rows, props)
@@ -228,14 +297,23 @@ class Engine:
         if bool(sampled.any()):
             q_tok = torch.ones((b, max(n, 1)))
             q_dist = torch.zeros((b, max(n, 1), vocab))
+            ri, ki, ti, vals, qr, qk, qv = [], [], [], [], [], [], []
             for r, pr in enumerate(props):
                 if sampled[r]:
-                    q_tok[r, : len(pr.tokens)] = torch.tensor(pr.q)
-                    for k, dist in enumerate(pr.dists):
-                        q_dist[r, k, list(dist)] = torch.tensor(list(dist.values()))
+                    for k, (q, dist) in enumerate(zip(pr.q, pr.dists)):
+                        qr.append(r), qk.append(k), qv.append(q)
+                        ri += [r] * len(dist)
+                        ki += [k] * len(dist)
+                        ti += dist.keys()
+                        vals += dist.values()
+            q_tok[qr, qk] = torch.tensor(qv)
+            q_dist[ri, ki, ti] = torch.tensor(vals)
             q_tok, q_dist = q_tok.to(self.device), q_dist.to(self.device)
         draft, dlen, sampled = draft.to(self.device), dlen.to(self.device), sampled.to(self.device)
         v = verify_drafts(p, draft[:, :n], dlen, self.gen, sampled, q_tok, q_dist)
+        for r, s in enumerate(rows):
+            if s.cache_len == 0:  # a prefill: remember p after this prompt for prefix sharing
+                self._prompts[tuple(s.tokens)] = (p[r, 0], [s])
         # emitted tokens per row: draft[:a] then the final one; their log-probs under p
         ar = torch.arange(kk, device=self.device)[None, :]
         padded = torch.cat([draft[:, :n], torch.zeros((b, 1), dtype=torch.long, device=self.device)], 1)
@@ -333,6 +411,7 @@ class Engine:
         seq.mask += [1] * cut
         seq.generated += cut
         seq.cache_len = min(kv_valid, len(seq.tokens))
+        self._adapt(seq, drafted, a)
         if not seq.runahead:
             seq.forwards += 1
             seq.drafted += drafted

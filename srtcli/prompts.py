@@ -59,6 +59,7 @@ def read_prompts(path: str | Path, tokenizer: Any, max_prompt_tokens: int) -> li
     except (UnicodeDecodeError, IsADirectoryError):
         raise SrtError(f"{path}: not a UTF-8 JSONL file") from None
     out: list[PromptRecord] = []
+    seen: dict[tuple[int, ...], int] = {}
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -79,6 +80,9 @@ def read_prompts(path: str | Path, tokenizer: Any, max_prompt_tokens: int) -> li
         if len(ids) > max_prompt_tokens:
             raise at(path, lineno, f"the prompt has {len(ids)} tokens; the model's context allows "
                                    f"at most {max_prompt_tokens} before generation")
+        first = seen.setdefault(tuple(ids), lineno)
+        if first != lineno:  # same ids = same cache uid and pool group: it would merge two groups
+            raise at(path, lineno, f"duplicate of line {first} (the same prompt); -n sets samples per prompt")
         out.append(PromptRecord(lineno, rec, str(rec.get("id", f"line-{lineno}")), ids))
     if not out:
         raise SrtError(f"{path}: no prompts (the file is empty)")

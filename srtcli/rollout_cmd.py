@@ -160,13 +160,17 @@ def tool_hooks(tok: Any, tool: str):
               help="srt: stop a draft when its path probability falls below this.")
 @click.option("--draft-mode", type=click.Choice(["greedy", "sample"]), default="sample", show_default=True,
               help="srt: follow the most frequent child (point mass) or sample children (ratio rule).")
+@click.option("--adaptive-budget/--fixed-budget", default=True, show_default=True,
+              help="Adapt each sequence's draft length to what it had accepted (<= --budget).")
 @click.option("--cache", "cache_opt", default=None, help="Cache directory (default $SRT_CACHE or ~/.cache/srt).")
 @click.option("--out", default="pool", show_default=True, help="Steps pool directory (or a .jsonl file).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True,
               help="Sequences generated together (engine slots).")
 @click.option("--rollout-batch", type=click.IntRange(min=0), default=0, show_default=True,
               help="Prompts per synchronous rollout batch (0 = the whole file).")
-@click.option("--run-ahead/--no-run-ahead", default=True, show_default=True)
+@click.option("--run-ahead/--no-run-ahead", default=None,
+              help="Long-tail run-ahead [default: on with CUDA; off on CPU, where its extra rows "
+                   "slow the real work (docs/benchmarks.md)].")
 @click.option("--run-ahead-tokens", type=click.IntRange(min=1), default=32, show_default=True)
 @click.option("--tools", type=click.Choice(["calculator"]), default=None)
 @click.option("--reward", default=None, help="exact_match or MODULE:FN (default: exact_match when "
@@ -241,7 +245,8 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
     params = SamplingParams(o["temperature"], o["top_p"], o["top_k"])
     engine = Engine(model, params, drafter, slots=o["batch_size"], budget=o["budget"] if o["draft"] != "none" else 0,
                     max_len=min(ctx, max(len(p.ids) for p in prompts) + o["max_new_tokens"] + 64),
-                    eos_ids=_eos_ids(model, tok), seed=o["seed"], stop_fn=stop_fn, turn_end=turn_end)
+                    eos_ids=_eos_ids(model, tok), seed=o["seed"], stop_fn=stop_fn, turn_end=turn_end,
+                    adaptive=o.get("adaptive_budget", True))
     per = o["rollout_batch"] or max(1, len(todo))
     chunks = [todo[i: i + per] for i in range(0, len(todo), per)]
     batches = [[Sequence(prompts[i].ids, o["max_new_tokens"], group=uids[i],
@@ -272,13 +277,14 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
 
     def on_batch_end(b: int) -> None:
         if store is not None:
+            drafter.flush()  # this batch's trees reach LMDB before the clock advances
             store.tick()
 
     try:
         if progress is not None:
             progress.start()
         run_batches(engine, batches, upcoming,
-                    RunAhead(o["run_ahead"], window=max(per, 1), tokens=o["run_ahead_tokens"]),
+                    RunAhead(_run_ahead_on(o, model), window=max(per, 1), tokens=o["run_ahead_tokens"]),
                     on_finished, on_batch_end)
     finally:
         if progress is not None:
@@ -290,6 +296,12 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
     cpu = time.process_time() - c0
     return {**_summary(engine, drafter, time.perf_counter() - t0, len(prompts), len(skip), out, o),
             "cpu_s": round(cpu, 3)}
+
+
+def _run_ahead_on(o: dict, model: Any) -> bool:
+    if o["run_ahead"] is not None:
+        return bool(o["run_ahead"])
+    return next(model.parameters()).device.type == "cuda"
 
 
 def _eos_ids(model: Any, tok: Any) -> set[int]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,8 @@ from srtcli import dist
 from srtcli.errors import SrtError
 from srtcli.loss import LossConfig, LossStats, Normalizers, batch_loss, count_normalizers
 from srtcli.train_ckpt import (
-    has_run, latest_checkpoint, load_state, publish_final, save_checkpoint, set_rng_state, step_dir,
+    has_run, latest_checkpoint, load_state, optimizer_state_by_index, publish_final, remove_partial,
+    save_checkpoint, set_rng_state, step_dir,
 )
 from srtcli.train_data import TrainData, WorkRow, load_packed, load_steps, micro_batches, plan_batches, split_ranks
 from srtcli.train_forward import micro_tensors
@@ -71,7 +72,6 @@ class TrainConfig:
     dtype: str = "float32"
     skip_bad: bool = False
     fsdp: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -226,7 +226,7 @@ def _build(cfg: TrainConfig, info: dist.DistInfo, total: int) -> Built:
 
             load_optimizer(model, opt, state["optimizer"])
         else:
-            opt.load_state_dict(state["optimizer"])
+            opt.load_state_dict(optimizer_state_by_index(model, state["optimizer"]))
         sched.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         start = int(state["step"])
@@ -294,6 +294,7 @@ def train(cfg: TrainConfig, info: dist.DistInfo | None = None, json_mode: bool =
     if info.main:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         trim_metrics(Path(cfg.out) / METRICS, built.start)
+        remove_partial(Path(cfg.out))
     reporter = Reporter(Path(cfg.out), info.main, json_mode, total, built.start)
     try:
         return _loop(cfg, info, data, batches, total, built, reporter)

@@ -51,6 +51,23 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def optimizer_state_by_name(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter names instead of indices.
+
+    Checkpoints store this form, the one FSDP's full optimizer state dict uses, so that a run
+    can resume sharded or not, with any world size."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
+    return {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+
+
+def optimizer_state_by_index(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """The inverse of `optimizer_state_by_name`, for `Optimizer.load_state_dict`."""
+    index = {n: i for i, (n, p) in enumerate((n, p) for n, p in model.named_parameters() if p.requires_grad)}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
+    return {"state": {index[n]: v for n, v in state["state"].items()}, "param_groups": groups}
+
+
 def save_checkpoint(
     out: Path,
     step: int,
@@ -75,7 +92,7 @@ def save_checkpoint(
     torch.save(
         {
             "step": step,
-            "optimizer": optim_state if optim_state is not None else optimizer.state_dict(),
+            "optimizer": optim_state if optim_state is not None else optimizer_state_by_name(model, optimizer.state_dict()),
             "scheduler": scheduler.state_dict(),
             "rng": rng_state(),
             "extra": extra,
@@ -121,6 +138,14 @@ def latest_checkpoint(out: Path) -> Path | None:
             except ValueError:
                 continue
     return max(found)[1] if found else None
+
+
+def remove_partial(out: Path) -> None:
+    """Delete half-written checkpoints (temporary directories) that a killed run left."""
+    root = Path(out) / CKPT_DIR
+    if root.is_dir():
+        for d in root.glob(".step-*"):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:

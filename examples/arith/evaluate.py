@@ -64,7 +64,7 @@ def sample_with_tools(model, tok, records: list[dict], k: int, max_new_tokens: i
         batch = torch.tensor([[tok.pad_token_id] * (width - len(ids[i])) + ids[i] for i in active])
         attn = torch.tensor([[0] * (width - len(ids[i])) + [1] * len(ids[i]) for i in active])
         out = model.generate(input_ids=batch, attention_mask=attn, do_sample=temperature > 0,
-                             temperature=temperature if temperature > 0 else None, top_k=0, top_p=1.0,
+                             temperature=temperature if temperature > 0 else None, top_k=None, top_p=None,
                              max_new_tokens=max(budget), eos_token_id=[eos, stop], pad_token_id=tok.pad_token_id)
         still = []
         for row, i in enumerate(active):

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"step {step + 1}: loss {running:.4f} ({time.time() - start:.0f}s)", flush=True)
     model.eval()
     model.save_pretrained(work)
-    GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=96,
+    GenerationConfig(do_sample=True, temperature=1.0, max_new_tokens=96,  # plain sampling: no top-k/top-p
                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(work)
     old = args.out.with_name(args.out.name + ".old")
     shutil.rmtree(old, ignore_errors=True)

@@ -8,7 +8,8 @@
 The engine calls `begin(seq)` when a sequence takes a slot, `propose(seq, budget)` before every
 forward, `extend(seq, tokens)` with every token appended to the sequence (generated or tool
 output), and `end(seq)` when it leaves its slot. The rollout calls `group_done(uid)` when all
-samples of a prompt are finished and `close()` at the end.
+samples of a prompt are finished, `flush()` at the end of each rollout batch (persist what is
+pending) and `close()` at the end.
 
 A `Proposal` with `q=None` is deterministic (verified as a point mass); one with `q` set was
 *sampled* from the distributions in `dists` (verified with the ratio rule). See srtcli/verify.py.
@@ -54,6 +55,9 @@ class Drafter:
         pass
 
     def group_done(self, uid: str) -> None:
+        pass
+
+    def flush(self) -> None:
         pass
 
     def close(self) -> None:

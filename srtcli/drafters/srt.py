@@ -5,7 +5,8 @@ cache (`CacheStore.load(uid)`, already decayed) or started empty. Every token an
 group appends (generated or tool output) goes into that live tree at once, so later and
 concurrent samples of the same prompt draft from it, and into a separate *delta* tree holding
 only what this run added; when the group ends, the delta is merged into LMDB
-(`commit_many`), so concurrent writers add counts instead of overwriting each other.
+(`commit_many`, batched: every `commit_every` groups, at each rollout batch's end via `flush`,
+and on `close`), so concurrent writers add counts instead of overwriting each other.
 
 Each sequence is streamed into the trees starting with the prompt's last token (an anchor), so
 a sample can be drafted from its very first token. Run-ahead sequences are ordinary sequences
@@ -42,11 +43,14 @@ class _Group:
 class SrtDrafter(Drafter):
     name = "srt"
 
-    def __init__(self, store: Any = None, min_prob: float = 0.1, mode: str = "sample", seed: int = 0):
+    def __init__(self, store: Any = None, min_prob: float = 0.1, mode: str = "sample", seed: int = 0,
+                 commit_every: int = 8):
         if mode not in ("greedy", "sample"):
             raise ValueError("mode must be 'greedy' or 'sample'")
         self.store, self.min_prob, self.mode = store, min_prob, mode
         self.groups: dict[str, _Group] = {}
+        self._pending: dict[str, TokenTree] = {}  # finished groups' deltas not yet committed
+        self.commit_every = commit_every
         self.rng = random.Random(seed)
         self.loaded = self.hits = 0
 
@@ -103,15 +107,21 @@ class SrtDrafter(Drafter):
 
     def group_done(self, uid: str) -> None:
         g = self.groups.pop(uid, None)
-        if g is not None and self.store is not None and g.delta.mass > 0:
-            self.store.commit_many({uid: g.delta})
+        if g is not None and g.delta.mass > 0:
+            self._pending[uid] = g.delta
+            if len(self._pending) >= self.commit_every:
+                self.flush()
+
+    def flush(self) -> None:
+        """Merge the deltas of finished groups into LMDB in one transaction."""
+        if self.store is not None and self._pending:
+            self.store.commit_many(self._pending)
+        self._pending = {}
 
     def close(self) -> None:
         """Commit what is still held (e.g. run-ahead trees of prompts not reached)."""
-        if self.store is not None:
-            deltas = {u: g.delta for u, g in self.groups.items() if g.delta.mass > 0}
-            if deltas:
-                self.store.commit_many(deltas)
+        self._pending.update({u: g.delta for u, g in self.groups.items() if g.delta.mass > 0})
+        self.flush()
         self.groups.clear()
 
     def stats(self) -> dict[str, float]:

@@ -90,6 +90,8 @@ def test_srt_merges_only_what_the_run_added_into_lmdb(tmp_path):
     d.extend(s, [5, 6])
     d.end(s)
     d.group_done("u" * 32)
+    assert store.load("u" * 32).count([5, 6]) == before  # commits are batched ...
+    d.flush()  # ... until the rollout batch ends
     after = store.load("u" * 32)
     assert after.count([5, 6]) == before + 1  # added once, not the loaded tree merged back
     assert d.stats()["cache_hit_rate"] == 1.0

@@ -51,8 +51,8 @@ def test_greedy_is_token_identical_to_plain_greedy(kind, draft):
 
 
 class NoHiding(Engine):
-    """Deliberately wrong: every cached column is visible, so the KV of rejected drafts (stale
-    positions past a row's valid length) leaks into later tokens."""
+    """Deliberately wrong mask: every column up to the batch's furthest position is visible, so
+    stale KV (rejected drafts, positions past a row's own length) leaks into later tokens."""
 
     @staticmethod
     def _visible(pos, keys):
@@ -100,3 +100,29 @@ def test_tool_turns_inject_untrained_tokens_and_continue_exactly():
                 assert s.tokens[end:end + 3] == inject and s.mask[end:end + 3] == [0, 0, 0]
                 ids += inject
         assert sum(s.mask) == s.generated == 12
+
+
+class ShortCopy(Engine):
+    """Deliberately wrong prefix sharing: copies only the first half of the prompt's KV."""
+
+    def _follow(self, seq, key):
+        copy = self.cache.copy_prefix
+        self.cache.copy_prefix = lambda src, dst, n: copy(src, dst, n // 2)
+        try:
+            return super()._follow(seq, key)
+        finally:
+            self.cache.copy_prefix = copy
+
+
+@pytest.mark.parametrize("engine_cls,exact", [(Engine, True), (ShortCopy, False)])
+def test_samples_of_one_prompt_share_its_prefill(engine_cls, exact):
+    model = tiny_model("llama", sharp=4.0)
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
+    eng = engine_cls(model, SamplingParams(temperature=0), make_drafter("none"), slots=3, budget=0, max_len=64)
+    seqs = [Sequence(prompt, max_new_tokens=6, group="g") for _ in range(7)]
+    drive(eng, seqs)
+    want = plain_greedy(model, prompt, 6)
+    assert all(s.output == want for s in seqs) == exact
+    if exact:
+        # one prefill forward for the first slots' leader, then later samples copy live slots
+        assert eng.stats.forwards < 7 * 6

@@ -91,7 +91,7 @@ def test_a_second_run_on_the_same_cache_accepts_more(tmp_path, model_dir):
 def test_run_ahead_feeds_trees_but_never_the_pool(tmp_path, model_dir):
     prompts = write_prompts(tmp_path / "p.jsonl", n=4)
     s = summary(roll(tmp_path, model_dir, "-n", "3", "--max-new-tokens", "24", "--rollout-batch", "2",
-                     "--batch-size", "4", "--run-ahead-tokens", "8", prompts=prompts))
+                     "--batch-size", "4", "--run-ahead", "--run-ahead-tokens", "8", prompts=prompts))
     assert s["run_ahead_tokens"] > 0
     steps = read_pool(tmp_path / "pool")
     assert len(steps) == 12 and all(sum(st.loss_mask) <= 24 for st in steps)
@@ -113,6 +113,8 @@ def test_bad_input_is_one_line_naming_file_and_line(tmp_path, model_dir):
     one_line_error(roll(tmp_path, model_dir, prompts=bad), "bad.jsonl:2:", "malformed JSON")
     bad.write_text('{"prompt": "ok"}\n{"id": 3}\n')
     one_line_error(roll(tmp_path, model_dir, prompts=bad), "bad.jsonl:2:", "prompt")
+    bad.write_text('{"prompt": "same"}\n{"prompt": "other"}\n{"prompt": "same"}\n')
+    one_line_error(roll(tmp_path, model_dir, prompts=bad), "bad.jsonl:3:", "duplicate of line 1")
     bad.write_text("\n\n")
     one_line_error(roll(tmp_path, model_dir, prompts=bad), "bad.jsonl", "empty")
     bad.write_text(json.dumps({"prompt": "x" * 400}) + "\n")

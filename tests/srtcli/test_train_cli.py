@@ -108,6 +108,7 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(setup, tmp_path):
     assert done and len(done) < 40, "the run must be killed mid-way"
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"step": 99, "lo')  # as if killed mid-line
+    (out / "checkpoints" / ".step-00000099.tmp-1").mkdir()  # as if killed mid-save
     r = subprocess.run(args + ["--out", str(out), "--resume", "--json"], env=ENV, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     ref = subprocess.run(args + ["--out", str(tmp_path / "ref"), "--json"], env=ENV, capture_output=True, text=True)
@@ -116,6 +117,7 @@ def test_resume_after_sigkill_equals_an_uninterrupted_run(setup, tmp_path):
     assert max(float((wk[k] - wr[k]).abs().max()) for k in wk) <= 1e-6
     steps = [json.loads(x)["step"] for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 41))
+    assert not list((out / "checkpoints").glob(".step-*"))
 
 
 def _one_line_error(r, *needles):

@@ -136,6 +136,19 @@ def test_fsdp_with_a_resume_equals_one_process(setup, one_process, tmp_path):
     args = [*_common(setup), "--out", tmp_path / "fsdp", "--nproc", "2", "--fsdp"]
     first = _srt_json([*args, "--max-steps", "1"])
     assert first["fsdp"] and first["steps"] == 1
+    # the gathered checkpoint also resumes unsharded, in one process
+    import shutil
+
+    from click.testing import CliRunner
+
+    from srtcli.cli import cli
+
+    shutil.copytree(tmp_path / "fsdp", tmp_path / "plain")
+    r = CliRunner().invoke(cli, ["train", *map(str, _common(setup)), "--out", str(tmp_path / "plain"), "--resume", "--json"])
+    assert r.exit_code == 0, r.output
+    plain = json.loads(r.stdout.strip().splitlines()[-1])
+    plain["loss"], plain["grad_norm"], plain["world"] = first["loss"], first["grad_norm"], 2
+    _same_run(*one_process, plain, tmp_path / "plain")
     two = _srt_json([*args, "--resume"])
     assert two["steps_run"] == 1
     two["loss"], two["grad_norm"] = first["loss"], first["grad_norm"]  # the first step ran in the first launch

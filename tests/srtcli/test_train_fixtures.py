@@ -162,7 +162,7 @@ def pack_pool(pool: Path, out: Path, max_tokens: int, pad_to: int = 16) -> Path:
     return out
 
 
-def load(path: Path, seed_kind: str = "qwen2"):
+def load(path: Path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(path), attn_implementation="sdpa").float().eval()
