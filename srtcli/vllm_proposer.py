@@ -77,6 +77,8 @@ class _Seq:
     plen: int
     seen: np.ndarray  # every token of the row inserted (or skipped) so far
     streams: tuple
+    group: _Group  # its own reference: a retired group's sequence can still draft
+    last_draft: list = field(default_factory=list)  # what we proposed for the next step
     done: bool = False  # eos or max_new_tokens reached: it takes no more tokens
     ended: bool = False  # counted in its group
 
@@ -88,6 +90,7 @@ class Counters:
     rows: int = 0  # rows that could be drafted for
     drafted_rows: int = 0  # rows given a non-empty draft
     drafted_tokens: int = 0
+    accepted_tokens: int = 0  # drafted tokens the row then kept (srt's own count)
     groups: int = 0
     hits: int = 0
     unknown_rows: int = 0  # rows whose prompt is not in the table (never drafted)
@@ -138,12 +141,16 @@ class TreeDrafts:
         anchor = [self.table.prompts[uid][-1]]
         for s in streams:
             s.extend(anchor)
-        return _Seq(uid, plen, np.asarray(self.table.prompts[uid], dtype=np.int64), streams)
+        return _Seq(uid, plen, np.asarray(self.table.prompts[uid], dtype=np.int64), streams, g)
 
     @staticmethod
     def _continues(s: _Seq, row: np.ndarray, n: int) -> bool:
         m = len(s.seen)
         return not s.ended and n >= m and np.array_equal(row[:m], s.seen)
+
+    def _moved(self, free: dict[int, _Seq], row: np.ndarray, n: int) -> _Seq | None:
+        """A tracked sequence that now sits in another row (vLLM condensed its batch)."""
+        return next((s for s in free.values() if self._continues(s, row, n)), None)
 
     # --- the hook -----------------------------------------------------------------------------
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
@@ -165,7 +172,7 @@ class TreeDrafts:
             if not len(sampled_token_ids[i]):
                 continue  # still prefilling: nothing sampled yet
             row = token_ids_cpu[i]
-            s = next((s for s in free.values() if self._continues(s, row, n)), None)
+            s = self._moved(free, row, n)
             if s is not None:
                 free.pop(id(s))
             else:
@@ -183,7 +190,7 @@ class TreeDrafts:
             n = int(num_tokens_no_spec[i])
             self._feed(s, token_ids_cpu[i], n)
             if len(sampled_token_ids[i]) and not s.done:
-                out[i] = self._draft(s, token_ids_cpu[i], n)
+                out[i] = s.last_draft = self._draft(s, token_ids_cpu[i], n)
         if self.pending and len(self.pending) >= self.commit_every:
             self.flush()
         return out
@@ -193,6 +200,12 @@ class TreeDrafts:
         if n <= m or s.done:
             return
         new = row[m:n].tolist()
+        if s.last_draft:  # kept drafts come first; the next token is vLLM's correction or bonus
+            a = 0
+            while a < min(len(new), len(s.last_draft)) and new[a] == s.last_draft[a]:
+                a += 1
+            self.c.accepted_tokens += a
+            s.last_draft = []
         left = self.table.max_new_tokens - (m - s.plen)
         keep = new[:max(left, 0)]
         for j, t in enumerate(keep):
@@ -211,7 +224,7 @@ class TreeDrafts:
         if room <= 0:
             return []
         ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(DEPTH - 1):].tolist()
-        toks = self.groups[s.uid].tree.draft(ctx, budget=room, min_prob=self.table.min_prob).tokens
+        toks = s.group.tree.draft(ctx, budget=room, min_prob=self.table.min_prob).tokens
         if toks:
             self.c.drafted_rows += 1
             self.c.drafted_tokens += len(toks)
@@ -222,11 +235,8 @@ class TreeDrafts:
         if s.ended:
             return
         s.ended = True
-        g = self.groups.get(s.uid)
-        if g is None:
-            return
-        g.done += 1
-        if g.done >= self.table.k:
+        s.group.done += 1
+        if s.group.done >= self.table.k and self.groups.get(s.uid) is s.group:
             self._retire(s.uid)
 
     def _retire(self, uid: str) -> None:

@@ -126,3 +126,9 @@ def test_samples_of_one_prompt_share_its_prefill(engine_cls, exact):
     if exact:
         # one prefill forward for the first slots' leader, then later samples copy live slots
         assert eng.stats.forwards < 7 * 6
+
+
+def test_prompt_kv_registry_is_empty_after_a_run():
+    model = tiny_model("qwen2", sharp=4.0)
+    eng, _ = greedy_run(model, make_drafter("srt"))
+    assert eng._prompts == {} and eng.active() == []
