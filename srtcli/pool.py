@@ -14,7 +14,7 @@ import io
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -38,11 +38,13 @@ class StepRecord:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        d = asdict(self)
-        if d["advantage"] is None:
-            del d["advantage"]
-        if not d["meta"]:
-            del d["meta"]
+        # Built by hand: dataclasses.asdict deep-copies every list (~80 us a step, a visible
+        # share of a small model's rollout).
+        d = {f: getattr(self, f) for f in REQUIRED}
+        if self.advantage is not None:
+            d["advantage"] = self.advantage
+        if self.meta:
+            d["meta"] = self.meta
         return json.dumps(d, separators=(",", ":"))
 
 

@@ -27,7 +27,6 @@ from srtcli.config import config_option
 from srtcli.drafters import DRAFTERS
 from srtcli.errors import SrtError, at
 
-_STEP: Any = None
 # the summary keys the issue requires (the JSON has these and a few more)
 SUMMARY_KEYS = ("generated_tokens", "wall_s", "tokens_per_s", "target_forwards", "accepted_per_forward",
                 "draft_acceptance_rate", "run_ahead_tokens", "cache_hit_rate")
@@ -80,32 +79,10 @@ def completed_groups(path: Path, k: int) -> set[str]:
     return {uid for uid, t in done.items() if len(t) == k}
 
 
-def _fast_step_class():
-    from srtcli.pool import StepRecord
-
-    class Step(StepRecord):
-        """A StepRecord whose JSON skips dataclasses.asdict's deep copy (measured ~80 us per
-        step, a visible share of a small model's rollout); same line format."""
-
-        def to_json(self) -> str:
-            d = {"prompt_uid": self.prompt_uid, "trajectory_id": self.trajectory_id, "step": self.step,
-                 "input_ids": self.input_ids, "loss_mask": self.loss_mask,
-                 "old_logprobs": self.old_logprobs, "reward": self.reward}
-            if self.advantage is not None:
-                d["advantage"] = self.advantage
-            if self.meta:
-                d["meta"] = self.meta
-            return json.dumps(d, separators=(",", ":"))
-
-    return Step
-
-
 def turn_steps(seq: Any, uid: str, reward: float, k: int) -> list:
     """One pool step per model turn of a finished sequence."""
-    global _STEP
-    if _STEP is None:
-        _STEP = _fast_step_class()
-    StepRecord = _STEP
+    from srtcli.pool import StepRecord
+
     turns = [(s, e) for s, e in seq.turns if e > s]
     out = []
     for i, (s, e) in enumerate(turns):

@@ -16,8 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from srtcli.train_data import TrainSeq, WorkRow
+
+CHUNK = 1024  # positions per LM-head chunk: bounds memory at CHUNK x vocab floats
 
 
 @dataclass
@@ -48,8 +51,28 @@ def targets_of(seqs: list[TrainSeq], width: int, device: torch.device | str) -> 
     return old.to(device), mask.to(device), adv.to(device)
 
 
+def _head_split(model: torch.nn.Module):
+    """(base model, LM head) when logits are exactly head(base(...)), else (None, None)."""
+    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    cfg = getattr(model, "config", None)
+    post = getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None)
+    if base is None or base is model or not isinstance(head, torch.nn.Linear) or post:
+        return None, None
+    return base, head
+
+
+def _score(h: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor) -> torch.Tensor:
+    return token_logprobs(head(h), targets)
+
+
 def plain_logprobs(model: torch.nn.Module, seqs: list[TrainSeq], device: torch.device | str) -> torch.Tensor:
-    """[B, Lmax-1] log-probs of the steps as one right-padded causal batch."""
+    """[B, Lmax-1] log-probs of the steps as one right-padded causal batch.
+
+    The LM head runs on real (non-pad) positions only, CHUNK at a time and checkpointed under
+    autograd, so [tokens, vocab] logits never exist at once (as in `attention.row_logprobs`);
+    models whose logits are not a plain head over the hidden states use the full logits.
+    """
     width = max(len(s) for s in seqs)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
     att = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -57,8 +80,19 @@ def plain_logprobs(model: torch.nn.Module, seqs: list[TrainSeq], device: torch.d
         ids[i, : len(s)] = torch.tensor(s.input_ids, dtype=torch.long)
         att[i, : len(s)] = 1
     ids, att = ids.to(device), att.to(device)
-    logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits
-    return token_logprobs(logits[:, :-1], ids[:, 1:])
+    base, head = _head_split(model)
+    if base is None:
+        logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits
+        return token_logprobs(logits[:, :-1], ids[:, 1:])
+    states = base(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state[:, :-1]
+    where = att[:, 1:].bool()
+    h, tgt = states[where], ids[:, 1:][where]
+    parts = []
+    for a in range(0, h.shape[0], CHUNK):
+        args = (h[a : a + CHUNK], head, tgt[a : a + CHUNK])
+        parts.append(checkpoint(_score, *args, use_reentrant=False) if h.requires_grad else _score(*args))
+    out = states.new_zeros(where.shape, dtype=torch.float32)
+    return out.masked_scatter(where, torch.cat(parts)) if parts else out
 
 
 def packed_logprobs(model: torch.nn.Module, row: object, attn: str) -> list[torch.Tensor]:

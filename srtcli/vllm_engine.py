@@ -59,8 +59,9 @@ def check_model(model_dir: Path, on_cpu: bool) -> dict:
 
 
 def _import_vllm() -> Any:
-    # vLLM logs INFO lines to stdout, where `--json` puts its summary; keep warnings only
+    # vLLM logs to stdout, where `--json` puts its summary: send its log to stderr, warnings only
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         import vllm
     except ImportError as e:

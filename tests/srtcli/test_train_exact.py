@@ -126,3 +126,17 @@ def test_losing_the_per_sequence_advantage_is_caught(models, data, name):
     assert rel_diff(wrong, want[1]) > 100 * TOL
     _, right = grads(models["policy"], packed, cfg)
     assert rel_diff(right, want[1]) <= TOL
+
+
+def test_plain_path_head_chunks_change_nothing(models, data, monkeypatch):
+    """The reference path scores the LM head in checkpointed chunks; chunk size and the
+    full-logits fallback give the same step."""
+    import srtcli.train_forward as tf
+
+    plain, _ = data["many_groups_per_row"]
+    cfg = LossConfig(agg="seq-mean-token-mean", kl_coef=0.1)
+    want = grads(models["policy"], plain, cfg, ref_path=models["ref"])
+    monkeypatch.setattr(tf, "CHUNK", 7)
+    _check(grads(models["policy"], plain, cfg, ref_path=models["ref"]), want)
+    monkeypatch.setattr(tf, "_head_split", lambda model: (None, None))
+    _check(grads(models["policy"], plain, cfg, ref_path=models["ref"]), want)
