@@ -40,14 +40,41 @@ from srtcli.sampling import SamplingParams, shape_probs
 from srtcli.verify import verify_drafts
 
 
+@dataclass
+class _Packed:
+    """How the packed tokens of one forward map to the padded [b, q] layout attention uses:
+    `gather[r, c]` is the packed index of row r's query c (0 for left padding), `scatter[t]`
+    is packed token t's flat index r * q + c."""
+
+    gather: torch.Tensor  # [b * q] long
+    scatter: torch.Tensor  # [T] long
+    b: int
+    q: int
+
+
+# Set by the engine only for the duration of its own packed forward (see Engine._forward).
+_PACKED: _Packed | None = None
+
+
 def _slot_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """SDPA with our explicit additive mask, letting SDPA handle grouped KV heads itself
-    (transformers' sdpa path copies K/V per group whenever a mask is given)."""
+    (transformers' sdpa path copies K/V per group whenever a mask is given). In a packed
+    forward the model's linear layers ran on the T real tokens only ([1, T] input, no padding
+    FLOPs); here the queries are laid out as [b, heads, q, dim] for the per-row attention and
+    the outputs are gathered back to the packed order."""
+    pk = _PACKED
+    if pk is not None:
+        heads, dim = query.shape[1], query.shape[3]
+        # [T, heads, dim] is the projections' memory order: gathering along dim 0 is a row copy
+        query = query[0].transpose(0, 1).index_select(0, pk.gather).view(pk.b, pk.q, heads, dim).transpose(1, 2)
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1],
     )
-    return out.transpose(1, 2).contiguous(), None
+    out = out.transpose(1, 2)
+    if pk is not None:
+        return out.reshape(pk.b * pk.q, out.shape[2], out.shape[3]).index_select(0, pk.scatter)[None], None
+    return out.contiguous(), None
 
 
 AttentionInterface.register("srt_slots", _slot_attention)
@@ -61,15 +88,17 @@ class SlotKVCache(Cache):
         self.slots, self.max_len = slots, max_len
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
-        self._rows = self._widx = None
+        self._rows = self._wslot = self._widx = None
         self._all = False
         self._lcur = 0
 
-    def prepare(self, rows: torch.Tensor, widx: torch.Tensor, lcur: int, all_slots: bool = False) -> None:
-        """Set where the next forward writes: batch row i is slot rows[i], its query c goes to
-        column widx[i, c]; attention reads columns [0, lcur). `all_slots`: rows is exactly
+    def prepare(self, rows: torch.Tensor, wslot: torch.Tensor, widx: torch.Tensor, lcur: int,
+                all_slots: bool = False) -> None:
+        """Set where the next forward writes and reads: the model's query (i, c) (batch row i,
+        position c of its input) goes to slot wslot[i, c], column widx[i, c]; attention batch
+        row r reads slot rows[r], columns [0, lcur). `all_slots`: rows is exactly
         0..slots-1, so reads are views instead of gathers."""
-        self._rows, self._widx, self._lcur, self._all = rows, widx, lcur, all_slots
+        self._rows, self._wslot, self._widx, self._lcur, self._all = rows, wslot, widx, lcur, all_slots
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         if layer_idx not in self.k:
@@ -78,12 +107,13 @@ class SlotKVCache(Cache):
             self.k[layer_idx] = key_states.new_zeros(shape)
             self.v[layer_idx] = value_states.new_zeros(shape)
         kb, vb = self.k[layer_idx], self.v[layer_idx]
-        rows = self._rows[:, None]
-        kb[rows, :, self._widx] = key_states.transpose(1, 2).to(kb.dtype)
-        vb[rows, :, self._widx] = value_states.transpose(1, 2).to(vb.dtype)
+        idx = (self._wslot, slice(None), self._widx)
+        kb[idx] = key_states.transpose(1, 2).to(kb.dtype)
+        vb[idx] = value_states.transpose(1, 2).to(vb.dtype)
         if self._all:
             return kb[:, :, : self._lcur], vb[:, :, : self._lcur]
-        return kb[self._rows, :, : self._lcur], vb[self._rows, :, : self._lcur]
+        # slice before gathering: copies only the lcur columns attention reads
+        return kb[:, :, : self._lcur].index_select(0, self._rows), vb[:, :, : self._lcur].index_select(0, self._rows)
 
     @torch.inference_mode()
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
@@ -94,6 +124,46 @@ class SlotKVCache(Cache):
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions are always passed explicitly
+
+
+@dataclass
+class _Layout:
+    """A packed forward's index maps (see Engine._forward): packed token t belongs to input row
+    tok_row[t] and sits at cache column flat[t]; attention row a is left-padded by pad[a]."""
+
+    tok_row: torch.Tensor
+    flat: torch.Tensor
+    first: torch.Tensor  # packed index of each input row's first token
+    pos: torch.Tensor  # [na, q] positions (0 on padding)
+    pad: torch.Tensor  # [na]
+    gather: torch.Tensor
+    scatter: torch.Tensor
+    q: int
+    lcur: int
+
+
+def _layout(lens: list[int], starts: list[int], arow: list[int], na: int) -> _Layout:
+    """Index maps for input rows of `lens` tokens starting at cache columns `starts`, input row r
+    being attention row arow[r] of na (the others are all padding)."""
+    b, q = len(lens), max(lens)
+    lens_t, arow_t = torch.tensor(lens), torch.tensor(arow)
+    tok_row = torch.repeat_interleave(torch.arange(b), lens_t)
+    flat = torch.tensor([c for c0, n in zip(starts, lens) for c in range(c0, c0 + n)])
+    first = torch.cumsum(lens_t, 0) - lens_t
+    pad = torch.full((na,), q)
+    pad[arow_t] = q - lens_t
+    a_first = torch.zeros(na, dtype=torch.long)
+    a_first[arow_t] = first
+    a_start = torch.zeros(na, dtype=torch.long)
+    a_start[arow_t] = torch.tensor(starts)
+    col = torch.arange(q)[None, :]
+    real = col >= pad[:, None]
+    pos = torch.where(real, a_start[:, None] + col - pad[:, None], 0)
+    gather = torch.where(real, a_first[:, None] + col - pad[:, None], 0).flatten()
+    within = torch.arange(len(flat)) - first[tok_row]
+    scatter = arow_t[tok_row] * q + pad[arow_t][tok_row] + within
+    lcur = max(c + n for c, n in zip(starts, lens))
+    return _Layout(tok_row, flat, first, pos, pad, gather, scatter, q, lcur)
 
 
 @dataclass
@@ -332,56 +402,93 @@ class Engine:
 
     def _forward(self, rows: list[Sequence], props: list[Proposal]) -> torch.Tensor:
         """One forward of pending + draft tokens for `rows`; shaped p aligned so that
-        p[r, k] is the distribution after the row's pending tokens and k draft tokens."""
+        p[r, k] is the distribution after the row's pending tokens and k draft tokens
+        (k <= len(draft_r); later k repeat the last one)."""
         inputs = [s.tokens[s.cache_len:] + pr.tokens for s, pr in zip(rows, props)]
-        b, q = len(rows), max(len(x) for x in inputs)
-        keep = max(len(pr.tokens) for pr in props) + 1
-        ids, pos, widx, offs = [], [], [], []
-        for s, x in zip(rows, inputs):
-            pad = q - len(x)
-            offs.append(pad)
-            ids.append([0] * pad + x)
-            p = list(range(s.cache_len, s.cache_len + len(x)))
-            pos.append([0] * pad + p)
-            widx.append([self.max_len] * pad + p)  # padding writes go to the trash column
-        ids_t, pos_t = torch.tensor(ids), torch.tensor(pos)
-        lcur = int(max(s.cache_len + len(x) for s, x in zip(rows, inputs)))
-        keys = torch.arange(lcur)
-        vis = self._visible(pos_t, keys)
-        real_q = torch.arange(q)[None, :] >= torch.tensor(offs)[:, None]
-        vis = torch.where(real_q[..., None], vis, keys[None, None, :] == 0)
-        mask = torch.zeros((b, 1, q, lcur), dtype=self.dtype)
-        mask.masked_fill_(~vis[:, None], torch.finfo(self.dtype).min)
+        lens = [len(x) for x in inputs]
+        dls = [len(pr.tokens) for pr in props]
+        b, keep, dev = len(rows), max(dls) + 1, self.device
+        if self._attn is None:
+            return self._forward_padded(rows, inputs, dls)
+        # Packed: the model runs on the T real tokens only ([1, T]); our attention function
+        # lays the queries out per attention row. With at least half the slots live, the
+        # attention rows are all slots (reads of the cache are views, not gathers; a slot not
+        # in this forward is an all-padding row).
+        nslots = len(self.slots)
+        arow = [s.slot for s in rows] if 2 * b >= nslots else list(range(b))
+        na = nslots if 2 * b >= nslots else b
+        lay = _layout(lens, [s.cache_len for s in rows], arow, na)
+        mask = self._mask(lay.pos, lay.pad, lay.lcur)
+        slot_idx = torch.tensor([s.slot for s in rows], dtype=torch.long)
+        read = torch.arange(nslots) if na == nslots else slot_idx
+        self.cache.prepare(read.to(dev), slot_idx[lay.tok_row][None].to(dev), lay.flat[None].to(dev),
+                           lay.lcur, na == nslots)
+        # the needed logits: each row's last len(draft) + 1 tokens, then padded to [b, keep]
+        ends = (lay.first + torch.tensor(lens)).tolist()
+        need = torch.tensor([e - d - 1 + k for e, d in zip(ends, dls) for k in range(d + 1)])
+        out_off = torch.tensor([0] + [d + 1 for d in dls[:-1]]).cumsum(0)
+        pick = out_off[:, None] + torch.minimum(torch.arange(keep)[None, :], torch.tensor(dls)[:, None])
+        ids = torch.tensor([[t for x in inputs for t in x]])
+        logits = self._model_forward(ids, lay.flat[None], mask, need,
+                                     _Packed(lay.gather, lay.scatter, na, lay.q), rows)[0]
+        return shape_probs(logits, self.params).index_select(0, pick.flatten().to(dev)).view(b, keep, -1)
+
+    def _forward_padded(self, rows: list[Sequence], inputs: list[list[int]], dls: list[int]) -> torch.Tensor:
+        """The forward for attention implementations we do not replace (e.g. flash): rows
+        left-padded to a common length, padding writes to the trash column."""
+        lens = [len(x) for x in inputs]
+        b, q, keep, dev = len(rows), max(lens), max(dls) + 1, self.device
+        starts = [s.cache_len for s in rows]
+        lcur = max(c + n for c, n in zip(starts, lens))
+        pos_t = torch.tensor([[0] * (q - n) + list(range(c, c + n)) for c, n in zip(starts, lens)])
+        pad = torch.tensor([q - n for n in lens])
+        mask = self._mask(pos_t, pad, lcur)
         slots = [s.slot for s in rows]
-        slot_idx = torch.tensor(slots, dtype=torch.long, device=self.device)
-        all_slots = slots == list(range(len(self.slots)))
-        self.cache.prepare(slot_idx, torch.tensor(widx, device=self.device), lcur, all_slots)
+        slot_idx = torch.tensor(slots, dtype=torch.long)
+        ids_t = torch.tensor([[0] * (q - n) + x for n, x in zip(lens, inputs)])
+        widx = torch.where(torch.arange(q)[None, :] >= pad[:, None], pos_t, self.max_len)
+        self.cache.prepare(slot_idx.to(dev), slot_idx[:, None].expand(b, q).to(dev), widx.to(dev), lcur,
+                           slots == list(range(len(self.slots))))
+        out = self._model_forward(ids_t, pos_t, mask, keep, None, rows)
+        # row r's needed logits are the last len(draft_r) + 1 of the kept ones
+        idx = ((keep - 1 - torch.tensor(dls))[:, None] + torch.arange(keep)[None, :]).clamp(max=keep - 1).to(dev)
+        return shape_probs(out.gather(1, idx[..., None].expand(-1, -1, out.shape[-1])), self.params)
+
+    def _mask(self, pos: torch.Tensor, pad: torch.Tensor, lcur: int) -> torch.Tensor:
+        """Additive [b, 1, q, lcur] mask: a query sees its own row's positions up to its own;
+        a padding query sees column 0 only (its output is discarded)."""
+        keys = torch.arange(lcur)
+        vis = self._visible(pos, keys)
+        real_q = torch.arange(pos.shape[1])[None, :] >= pad[:, None]
+        vis = torch.where(real_q[..., None], vis, keys[None, None, :] == 0)
+        mask = torch.zeros((pos.shape[0], 1, pos.shape[1], lcur), dtype=self.dtype)
+        return mask.masked_fill_(~vis[:, None], torch.finfo(self.dtype).min)
+
+    def _model_forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, keep: Any,
+                       packed: _Packed | None, rows: list[Sequence]) -> torch.Tensor:
+        """Run the model with our cache and attention; returns the kept logits."""
+        global _PACKED
         cfg = self.model.config
         saved = cfg._attn_implementation
         if self._attn:
             cfg._attn_implementation = self._attn
+        dev = self.device
+        if packed is not None:
+            packed = _Packed(packed.gather.to(dev), packed.scatter.to(dev), packed.b, packed.q)
+            keep = keep.to(dev)
+        _PACKED = packed
         try:
             out = self._call_model(
-                input_ids=ids_t.to(self.device),
-                position_ids=pos_t.to(self.device),
-                attention_mask=mask.to(self.device),
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=keep,
+                input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=mask.to(dev),
+                past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
             )
         finally:
             cfg._attn_implementation = saved
+            _PACKED = None
         self.stats.all_forwards += 1
         if any(not s.runahead for s in rows):
             self.stats.forwards += 1
-        if keep == 1:
-            return shape_probs(out.logits, self.params)
-        # row r's needed logits are the last len(draft_r) + 1 of the kept ones
-        dl = torch.tensor([len(pr.tokens) for pr in props])
-        idx = (keep - 1 - dl)[:, None] + torch.arange(keep)[None, :]
-        idx = idx.clamp(max=keep - 1).to(self.device)
-        logits = out.logits.gather(1, idx[..., None].expand(-1, -1, out.logits.shape[-1]))
-        return shape_probs(logits, self.params)
+        return out.logits
 
     @torch.inference_mode()
     def _call_model(self, **kw: Any) -> Any:

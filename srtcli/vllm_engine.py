@@ -151,7 +151,8 @@ def _rollout(llm: Any, o: dict, tok: Any, prompts: list, cfg: dict) -> dict[str,
     with tempfile.TemporaryDirectory(prefix="srt-vllm-") as tmp:
         table = Path(tmp) / "table.json"
         write_table(table, Table(str(store.path) if store is not None else None,
-                                 {uids[i]: prompts[i].ids for i in todo}, k, o["max_new_tokens"], eos, o["min_prob"]))
+                                 {uids[i]: prompts[i].ids for i in todo}, k, o["max_new_tokens"], eos, o["min_prob"],
+                                 bool(o.get("adaptive_budget", True))))
         if drafting:
             llm.collective_rpc("srt_reload", args=(str(table),))
         before = spec_metrics(llm)

@@ -10,15 +10,20 @@ the most frequent path (`TokenTree.draft`), like the embedded drafter's `--draft
 The hook passes no request ids, and rows move (vLLM condenses its batch when requests end), so
 `TreeDrafts` recognises each row's sequence by its tokens: a row continues a sequence it tracked
 if it starts with every token that sequence had; otherwise it is a new sequence, whose prompt is
-found by its leading tokens in the prompt table srt wrote (`SRT_VLLM_TABLE`, see `write_table`).
+found by its leading tokens (longest prompt first) in the prompt table srt wrote (`write_table`).
 The cache is filled exactly as srtcli/drafters/srt.py does it: the group's tree is loaded from
 LMDB when its prompt first appears, each sequence is streamed into the live tree and a delta tree
 starting with the prompt's last token, up to and including eos or `max_new_tokens`; when all K
 samples of a prompt are done the delta is merged into LMDB (`commit_many`, batched). A tracked
 sequence that leaves the batch without eos (preempted, length-capped) is done as well.
 
-The rollout driver (srtcli/vllm_engine.py) calls `srt_finish` through vLLM's `collective_rpc`
-(`SrtWorkerExtension`, mixed into the worker) after each `generate`: it ends every sequence,
+Draft lengths follow the embedded engine's adaptive rule (grow by 2 after a fully kept draft,
+shrink to kept + 1 after a rejection; past outcomes only, so verification stays exact).
+
+The rollout driver (srtcli/vllm_engine.py) talks to the worker through vLLM's `collective_rpc`
+and `SrtWorkerExtension` (mixed into the worker, so no code is pickled): `srt_reload(path)`
+before a rollout reads the table file (prompts, cache path, K, limits; `$SRT_VLLM_TABLE` names
+one at start-up instead), and `srt_finish` after each `generate` ends every sequence,
 commits, and returns this worker's counters. With tensor parallelism every rank drafts the same
 way but only rank 0 writes LMDB, so counts are not multiplied.
 """
@@ -49,6 +54,7 @@ class Table:
     max_new_tokens: int
     eos_ids: list[int]
     min_prob: float = 0.1
+    adaptive: bool = True  # the embedded engine's --adaptive-budget rule (srtcli/engine.py)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -79,6 +85,7 @@ class _Seq:
     streams: tuple
     group: _Group  # its own reference: a retired group's sequence can still draft
     last_draft: list = field(default_factory=list)  # what we proposed for the next step
+    spec_len: int = -1  # adaptive draft length (-1: not started, = budget)
     done: bool = False  # eos or max_new_tokens reached: it takes no more tokens
     ended: bool = False  # counted in its group
 
@@ -205,6 +212,9 @@ class TreeDrafts:
             while a < min(len(new), len(s.last_draft)) and new[a] == s.last_draft[a]:
                 a += 1
             self.c.accepted_tokens += a
+            if self.table.adaptive:  # past outcomes only: verification stays exact
+                d = len(s.last_draft)
+                s.spec_len = min(self.budget, s.spec_len + 2) if a == d else max(1, a + 1)
             s.last_draft = []
         left = self.table.max_new_tokens - (m - s.plen)
         keep = new[:max(left, 0)]
@@ -220,7 +230,9 @@ class TreeDrafts:
 
     def _draft(self, s: _Seq, row: np.ndarray, n: int) -> list[int]:
         self.c.rows += 1
-        room = min(self.budget, self.max_model_len - n - 1, self.table.max_new_tokens - (n - s.plen) - 1)
+        if s.spec_len < 0:
+            s.spec_len = self.budget
+        room = min(s.spec_len, self.max_model_len - n - 1, self.table.max_new_tokens - (n - s.plen) - 1)
         if room <= 0:
             return []
         ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(DEPTH - 1):].tolist()

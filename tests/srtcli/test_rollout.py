@@ -186,7 +186,7 @@ def test_tools_flag_runs_end_to_end(tmp_path, model_dir):
 
 def test_one_step_per_model_turn_with_tool_output_untrained():
     from srtcli.engine import Sequence
-    from srtcli.pool import StepRecord, parse_step
+    from srtcli.pool import parse_step
     from srtcli.rollout_cmd import turn_steps
 
     s = Sequence([1, 2, 3], max_new_tokens=16, meta={"prompt_id": "p", "sample": 1})

@@ -197,3 +197,32 @@ def test_head_sizes_vllm_cpu_lacks_are_one_line_errors():
         check_model(default_model_dir(), on_cpu=True)  # the bundled model's head size is 40
     assert "head size 40" in e.value.message and "\n" not in e.value.message
     assert check_model(default_model_dir(), on_cpu=False)["head_dim"] == 40
+
+
+def test_draft_length_adapts_to_what_the_row_accepted():
+    d = TreeDrafts(_table(None), budget=4, max_model_len=64)
+    p = PROMPTS["uid-c"]
+    ids = np.zeros((2, 64), dtype=np.int64)
+    a_out = [30, 31] * 6
+    ids[0, : len(p) + len(a_out)] = p + a_out  # row 0 has generated 30 31 30 31 ...
+    ids[1, : len(p) + 1] = p + [30]
+    num = np.array([len(p) + len(a_out), len(p) + 1])
+    first = d.propose([[31], [30]], num, ids)[1]
+    assert first == [31, 30, 31, 30]  # the full budget
+    ids[1, 3:5] = [31, 40]  # kept one draft token, then vLLM's correction (40)
+    num[1] += 2
+    d.propose([[31], [31, 40]], num, ids)
+    ids[1, 5] = 30
+    num[1] += 1
+    assert d.propose([[31], [30]], num, ids)[1] == [31, 30]  # shrunk to accepted + 1 = 2
+    fixed = TreeDrafts(Table(None, PROMPTS, 3, MAX_NEW, [EOS], adaptive=False), budget=4, max_model_len=64)
+    ids[1, 3:] = 0
+    ids[1, : len(p) + 1] = p + [30]
+    num[1] = len(p) + 1
+    fixed.propose([[31], [30]], num, ids)
+    ids[1, 3:5] = [31, 40]
+    num[1] += 2
+    fixed.propose([[31], [31, 40]], num, ids)
+    ids[1, 5] = 30
+    num[1] += 1
+    assert len(fixed.propose([[31], [30]], num, ids)[1]) == 4
