@@ -5,13 +5,17 @@ How the pieces fit:
 
 - `SlotKVCache` is a transformers `Cache` whose per-layer buffers are [slots, kv_heads, L+1, D].
   Each slot (one sequence) has its own valid length; a forward writes the new keys/values at each
-  row's own positions (a scatter), and rolling back rejected draft positions is just not
+  token's own (slot, position) (a scatter), and rolling back rejected draft positions is just not
   counting them (they are overwritten later and never visible meanwhile). Column L is a trash
-  column where padding queries write.
-- Every forward passes per-row `position_ids` and an explicit additive 4-D mask (transformers
-  uses a 4-D mask as-is), so rows of different lengths share one forward. Rows are left-padded,
-  so the positions we need logits for are the last `max_draft + 1` of every row
-  (`logits_to_keep`).
+  column where padding queries of the padded fallback write.
+- Packed forwards (our `srt_slots` attention, i.e. the model's own was sdpa or eager): the
+  model runs on the real tokens of all rows concatenated ([1, T], per-token `position_ids`), so
+  its linear layers and the LM head (`logits_to_keep` = the needed positions) spend nothing on
+  padding; only attention lays the queries out per row ([rows, heads, q, dim], left-padded)
+  with an explicit additive 4-D mask (transformers uses a 4-D mask as-is) and gathers the
+  outputs back. With at least half the slots in a forward, the attention rows are all slots,
+  so the cache is read as a view instead of gathered. Other attention implementations get
+  the padded fallback (`_forward_padded`): rows left-padded to one length.
 - A row's input is its *pending* tokens (the last emitted token, a whole prompt for a fresh
   slot, or tool output) followed by its draft. One forward gives the shaped target distribution
   at every draft position; `srtcli.verify` accepts a prefix and emits one more token.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import numbers
 import re
 import sys
 from pathlib import Path
@@ -59,6 +60,11 @@ def exact_match(prompt_record: dict, completion_text: str) -> float:
 BUILTIN: dict[str, RewardFn] = {"exact_match": exact_match}
 
 
+def _line(e: Exception) -> str:
+    """An exception's message on one line (errors are one line, whatever the user code raised)."""
+    return " ".join(str(e).split())
+
+
 def _import_target(module: str) -> Any:
     if module.endswith(".py"):
         path = Path(module)
@@ -69,7 +75,7 @@ def _import_target(module: str) -> Any:
         try:
             spec.loader.exec_module(mod)
         except Exception as e:
-            raise SrtError(f"{path}: importing the reward file failed: {type(e).__name__}: {e}") from None
+            raise SrtError(f"{path}: importing the reward file failed: {type(e).__name__}: {_line(e)}") from None
         return mod
     # The `srt` console script does not put the working directory on sys.path; users expect
     # `--reward myrewards:fn` to find ./myrewards.py as `python -m` would.
@@ -81,7 +87,7 @@ def _import_target(module: str) -> Any:
     except ModuleNotFoundError as e:
         raise SrtError(f"reward module {module!r} not found ({e.name} is not importable)") from None
     except Exception as e:
-        raise SrtError(f"importing reward module {module!r} failed: {type(e).__name__}: {e}") from None
+        raise SrtError(f"importing reward module {module!r} failed: {type(e).__name__}: {_line(e)}") from None
 
 
 def _checked(spec: str, fn: Callable) -> RewardFn:
@@ -92,8 +98,8 @@ def _checked(spec: str, fn: Callable) -> RewardFn:
         except SrtError:
             raise
         except Exception as e:
-            raise SrtError(f"reward {spec} raised {type(e).__name__}: {e} (prompt {pid!r})") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise SrtError(f"reward {spec} raised {type(e).__name__}: {_line(e)} (prompt {pid!r})") from None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise SrtError(f"reward {spec} returned {value!r}, not a finite number (prompt {pid!r})")
         return float(value)
 

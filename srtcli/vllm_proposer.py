@@ -225,7 +225,8 @@ class TreeDrafts:
         for st in s.streams:
             st.extend(keep)
         s.seen = np.concatenate([s.seen, np.asarray(new, dtype=np.int64)])
-        if len(keep) < len(new) or (keep and keep[-1] in self.eos) or m - s.plen + len(keep) >= self.table.max_new_tokens:
+        capped = m - s.plen + len(keep) >= self.table.max_new_tokens
+        if len(keep) < len(new) or (keep and keep[-1] in self.eos) or capped:
             s.done = True
 
     def _draft(self, s: _Seq, row: np.ndarray, n: int) -> list[int]:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ARITH = ROOT / "examples" / "arith"
 sys.path.insert(0, str(ARITH))
 import arith_data  # noqa: E402
-import evaluate as arith_eval  # noqa: E402
+import arith_eval  # noqa: E402
 
 TAGS = ["<calc>", "</calc>", "<result>", "</result>", "<answer>", "</answer>"]
 

@@ -59,6 +59,11 @@ def test_load_builtin_and_module(tmp_path, monkeypatch):
             raise KeyError("gold")
         def nan(rec, text):
             return float("nan")
+        def numpy_int(rec, text):
+            import numpy
+            return numpy.int64(1)
+        def multiline(rec, text):
+            raise ValueError("line one" + chr(10) + "line two")
         NOT_CALLABLE = 3
     """))
     monkeypatch.chdir(tmp_path)  # MODULE:FUNCTION finds modules in the working directory
@@ -73,6 +78,10 @@ def test_load_builtin_and_module(tmp_path, monkeypatch):
         load_reward("myrew:boom")(REC, "")
     with pytest.raises(SrtError, match="not a finite number"):
         load_reward("myrew:nan")(REC, "")
+    assert load_reward("myrew:numpy_int")(REC, "") == 1.0
+    with pytest.raises(SrtError, match="raised ValueError: line one line two") as e:
+        load_reward("myrew:multiline")(REC, "")
+    assert "\n" not in e.value.message
     with pytest.raises(SrtError, match="is not callable"):
         load_reward("myrew:NOT_CALLABLE")
     with pytest.raises(SrtError, match="has no attribute 'nope'"):

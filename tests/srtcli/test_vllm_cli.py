@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (it needs its own venv; see docs/vllm.md)")
+pytestmark = pytest.mark.slow  # vLLM engines take 30-50 s each to start on CPU
 
 from srtcli.rollout_cmd import rollout  # noqa: E402
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (it needs its own venv; see docs/vllm.md)")
+pytestmark = pytest.mark.slow  # vLLM engines take 30-50 s each to start on CPU
 
 from cache_store.store import CacheStore  # noqa: E402
 from srtcli.errors import SrtError  # noqa: E402
@@ -84,7 +85,8 @@ def outputs(pool: str) -> dict:
 
 def test_greedy_srt_drafts_equal_plain_vllm_and_a_second_run_accepts_more(llms, model_dir, prompts, tmp_path):
     spec, plain = llms
-    base = run_vllm_rollout(llm=plain, **opts(model_dir, prompts, tmp_path, draft="none", out=str(tmp_path / "p.jsonl")))
+    base = run_vllm_rollout(llm=plain, **opts(model_dir, prompts, tmp_path, draft="none",
+                                              out=str(tmp_path / "p.jsonl")))
     first = run_vllm_rollout(llm=spec, **opts(model_dir, prompts, tmp_path, out=str(tmp_path / "s1.jsonl")))
     second = run_vllm_rollout(llm=spec, **opts(model_dir, prompts, tmp_path, out=str(tmp_path / "s2.jsonl")))
     want = outputs(base["pool"])
@@ -141,6 +143,24 @@ def test_the_cache_crosses_engines_both_ways(llms, model_dir, prompts, tmp_path)
         assert t.to_bytes() == o.to_bytes()
 
 
+def _check_old_logprobs(model_dir: Path, steps: list, temperature: float) -> None:
+    """old_logprobs are log p(token) under the shaped (here: tempered) policy, as the embedded
+    engine writes them: recomputed with the transformers model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    for st in steps:
+        ids = torch.tensor([st["input_ids"]])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0, :-1].float() / temperature, -1)
+        want = logp.gather(-1, ids[0, 1:, None])[:, 0].tolist()
+        for pos, (m, lp) in enumerate(zip(st["loss_mask"], st["old_logprobs"])):
+            if m:
+                assert abs(lp - want[pos - 1]) < 1e-3, (pos, lp, want[pos - 1])
+
+
 def test_sampling_with_speculation_on_cpu_is_refused_and_plain_sampling_works(llms, model_dir, prompts, tmp_path):
     spec, plain = llms
     with pytest.raises(SrtError) as e:
@@ -152,6 +172,7 @@ def test_sampling_with_speculation_on_cpu_is_refused_and_plain_sampling_works(ll
     assert len(steps) == N_PROMPTS * K
     lps = [lp for st in steps for lp, m in zip(st["old_logprobs"], st["loss_mask"]) if m]
     assert all(lp <= 0.0 for lp in lps) and any(lp < 0.0 for lp in lps)
+    _check_old_logprobs(model_dir, steps[:4], temperature=1.0)
     greedy = run_vllm_rollout(llm=plain, **opts(model_dir, prompts, tmp_path, draft="none",
                                                   out=str(tmp_path / "g.jsonl")))
     # sampled outputs differ from greedy ones: the token-for-token comparisons above can fail

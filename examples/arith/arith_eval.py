@@ -1,13 +1,13 @@
 """Plain Hugging Face sampling with the calculator in the loop: a reference rollout and an eval.
 
-    python examples/arith/evaluate.py --prompts examples/arith/eval.jsonl -n 8 [--model DIR] [--json]
+    python examples/arith/arith_eval.py --prompts examples/arith/eval.jsonl -n 8 [--model DIR] [--json]
 
 This is the simple, obviously-correct way to roll out the bundled workload (batched `generate`,
 one turn at a time): it stops a turn at `</calc>` or the eos, appends the calculator's
-`<result>...</result>`, and continues, up to `--max-turns` turns and `--max-new-tokens` generated
+`<result>...</result>`, and continues, up to `max_turns` turns and `max_new_tokens` generated
 tokens per sample. Rewards come from `srtcli.rewards`. It reports the mean reward, how many
 prompts have rewards that differ inside their group (GRPO needs that), and how often the tool is
-used. The RL loop report (examples/rl_report.py) and the model tests use it as the baseline.
+used. The model tests (tests/srtcli/test_model.py) use it; docs/model.md quotes its numbers.
 """
 
 from __future__ import annotations
