@@ -138,7 +138,7 @@ def main() -> None:
     print(f"HF generate (batched sampling): wall {ref['wall_s']:.2f}s  {ref['tokens_per_s']:.1f} tok/s")
     if "none" in names:  # HF generate runs no tools: compare with `none` under the same terms
         o = options(args, CONFIGS["none"], model, prompts, work / "cache-ref", work / "pool-ref")
-        o["tools"] = None
+        o["tools"] = "none"
         ref["none_no_tools"] = run_rollout(**o)
         s = ref["none_no_tools"]
         print(f"none without tools:             wall {s['wall_s']:.2f}s  {s['tokens_per_s']:.1f} tok/s")

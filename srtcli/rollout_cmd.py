@@ -149,7 +149,8 @@ def tool_hooks(tok: Any, tool: str):
               help="Long-tail run-ahead [default: on with CUDA; off on CPU, where its extra rows "
                    "slow the real work (docs/benchmarks.md)].")
 @click.option("--run-ahead-tokens", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--tools", type=click.Choice(["calculator"]), default=None)
+@click.option("--tools", type=click.Choice(["calculator", "none"]), default=None,
+              help="Tool to run on tool calls [default: calculator for the bundled model, else none].")
 @click.option("--reward", default=None, help="exact_match or MODULE:FN (default: exact_match when "
               "every prompt has an `answer`, else 0).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
@@ -217,8 +218,9 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
     store = _open_store(o) if o["draft"] == "srt" else None
     drafter = _drafter(o, store)
     stop_fn = turn_end = None
-    if o["tools"]:
-        stop_fn, turn_end = tool_hooks(tok, o["tools"])
+    tools = o["tools"] or ("none" if o["model"] else "calculator")  # the bundled model calls the calculator
+    if tools != "none":
+        stop_fn, turn_end = tool_hooks(tok, tools)
     params = SamplingParams(o["temperature"], o["top_p"], o["top_k"])
     engine = Engine(model, params, drafter, slots=o["batch_size"], budget=o["budget"] if o["draft"] != "none" else 0,
                     max_len=min(ctx, max(len(p.ids) for p in prompts) + o["max_new_tokens"] + 64),

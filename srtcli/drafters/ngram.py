@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from srtcli.drafters import Drafter, Proposal
 
 
@@ -21,13 +19,27 @@ class NgramDrafter(Drafter):
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, seq: Any, budget: int) -> Proposal:
-        toks = np.asarray(seq.tokens, dtype=np.int64)
+        """One backward scan in plain Python (cheaper than numpy windows on sequences of a few
+        hundred tokens, and called for every row at every step): for each earlier end position
+        i, the length of the match of toks[..i] with the sequence's tail; the answer is the
+        latest i among the longest matches (at least min_n, at most max_n)."""
+        toks = seq.tokens
         n_all = len(toks)
-        for n in range(min(self.max_n, n_all - 1), self.min_n - 1, -1):
-            tail = toks[n_all - n:]
-            windows = np.lib.stride_tricks.sliding_window_view(toks[: n_all - 1], n)
-            hits = np.flatnonzero((windows == tail).all(axis=1))
-            if len(hits):
-                start = int(hits[-1]) + n
-                return Proposal(toks[start: start + budget].tolist())
-        return Proposal([])
+        n_max = min(self.max_n, n_all - 1)
+        if n_max < self.min_n:
+            return Proposal([])
+        last = toks[-1]
+        best_n, best_i = 0, -1
+        for i in range(n_all - 2, -1, -1):
+            if toks[i] != last:
+                continue
+            m = 1
+            while m < n_max and m <= i and toks[i - m] == toks[n_all - 1 - m]:
+                m += 1
+            if m > best_n:
+                best_n, best_i = m, i
+                if m == n_max:
+                    break
+        if best_n < self.min_n:
+            return Proposal([])
+        return Proposal(toks[best_i + 1: best_i + 1 + budget])
