@@ -14,8 +14,9 @@ How the pieces fit:
   padding; only attention lays the queries out per row ([rows, heads, q, dim], left-padded)
   with an explicit additive 4-D mask (transformers uses a 4-D mask as-is) and gathers the
   outputs back. With at least half the slots in a forward, the attention rows are all slots,
-  so the cache is read as a view instead of gathered. Other attention implementations get
-  the padded fallback (`_forward_padded`): rows left-padded to one length.
+  so the cache is read as a view instead of gathered. Forwards with little padding (plain
+  decode) and other attention implementations take the padded path (`_forward_padded`): rows
+  left-padded to one length. Both give bit-identical outputs (same seeds, same pools).
 - A row's input is its *pending* tokens (the last emitted token, a whole prompt for a fresh
   slot, or tool output) followed by its draft. One forward gives the shaped target distribution
   at every draft position; `srtcli.verify` accepts a prefix and emits one more token.
@@ -55,6 +56,11 @@ class _Packed:
     b: int
     q: int
 
+
+# Pack a forward only when left-padding would add at least this many tokens: below it, the
+# packing bookkeeping (index maps, gathers in every attention call) costs more than the
+# padded tokens' FLOPs (measured on the bundled model, CPU: batch-8 decode got slower).
+PACK_MIN_PADDING = 16
 
 # Set by the engine only for the duration of its own packed forward (see Engine._forward).
 _PACKED: _Packed | None = None
@@ -148,26 +154,26 @@ class _Layout:
 
 def _layout(lens: list[int], starts: list[int], arow: list[int], na: int) -> _Layout:
     """Index maps for input rows of `lens` tokens starting at cache columns `starts`, input row r
-    being attention row arow[r] of na (the others are all padding)."""
-    b, q = len(lens), max(lens)
-    lens_t, arow_t = torch.tensor(lens), torch.tensor(arow)
-    tok_row = torch.repeat_interleave(torch.arange(b), lens_t)
-    flat = torch.tensor([c for c0, n in zip(starts, lens) for c in range(c0, c0 + n)])
-    first = torch.cumsum(lens_t, 0) - lens_t
-    pad = torch.full((na,), q)
-    pad[arow_t] = q - lens_t
-    a_first = torch.zeros(na, dtype=torch.long)
-    a_first[arow_t] = first
-    a_start = torch.zeros(na, dtype=torch.long)
-    a_start[arow_t] = torch.tensor(starts)
-    col = torch.arange(q)[None, :]
-    real = col >= pad[:, None]
-    pos = torch.where(real, a_start[:, None] + col - pad[:, None], 0)
-    gather = torch.where(real, a_first[:, None] + col - pad[:, None], 0).flatten()
-    within = torch.arange(len(flat)) - first[tok_row]
-    scatter = arow_t[tok_row] * q + pad[arow_t][tok_row] + within
+    being attention row arow[r] of na (the others are all padding). Built in plain Python: a
+    few hundred entries, cheaper than a chain of small tensor ops."""
+    q = max(lens)
+    tok_row, flat, scatter, first = [], [], [], []
+    pos, pad, gather = [0] * (na * q), [q] * na, [0] * (na * q)
+    t = 0
+    for r, (n, c, a) in enumerate(zip(lens, starts, arow)):
+        base = a * q + q - n
+        pad[a] = q - n
+        first.append(t)
+        tok_row += [r] * n
+        flat += range(c, c + n)
+        scatter += range(base, base + n)
+        gather[base: base + n] = range(t, t + n)
+        pos[base: base + n] = range(c, c + n)
+        t += n
     lcur = max(c + n for c, n in zip(starts, lens))
-    return _Layout(tok_row, flat, first, pos, pad, gather, scatter, q, lcur)
+    return _Layout(torch.tensor(tok_row), torch.tensor(flat), torch.tensor(first),
+                   torch.tensor(pos).view(na, q), torch.tensor(pad), torch.tensor(gather),
+                   torch.tensor(scatter), q, lcur)
 
 
 @dataclass
@@ -412,7 +418,7 @@ class Engine:
         lens = [len(x) for x in inputs]
         dls = [len(pr.tokens) for pr in props]
         b, keep, dev = len(rows), max(dls) + 1, self.device
-        if self._attn is None:
+        if self._attn is None or b * max(lens) - sum(lens) < PACK_MIN_PADDING:
             return self._forward_padded(rows, inputs, dls)
         # Packed: the model runs on the T real tokens only ([1, T]); our attention function
         # lays the queries out per attention row. With at least half the slots live, the
@@ -438,8 +444,9 @@ class Engine:
         return shape_probs(logits, self.params).index_select(0, pick.flatten().to(dev)).view(b, keep, -1)
 
     def _forward_padded(self, rows: list[Sequence], inputs: list[list[int]], dls: list[int]) -> torch.Tensor:
-        """The forward for attention implementations we do not replace (e.g. flash): rows
-        left-padded to a common length, padding writes to the trash column."""
+        """Rows left-padded to a common length, padding writes to the trash column: for
+        attention implementations we do not replace (e.g. flash), and for forwards with little
+        padding (`PACK_MIN_PADDING`), e.g. plain decode steps where every row carries one token."""
         lens = [len(x) for x in inputs]
         b, q, keep, dev = len(rows), max(lens), max(dls) + 1, self.device
         starts = [s.cache_len for s in rows]
