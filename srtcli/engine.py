@@ -37,143 +37,19 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from transformers import AttentionInterface
-from transformers.cache_utils import Cache
 
 from srtcli.drafters import Drafter, Proposal
 from srtcli.sampling import SamplingParams, shape_probs
+from srtcli.slot_cache import Packed, SlotKVCache, layout, packed_attention
 from srtcli.verify import verify_drafts
 
-
-@dataclass
-class _Packed:
-    """How the packed tokens of one forward map to the padded [b, q] layout attention uses:
-    `gather[r, c]` is the packed index of row r's query c (0 for left padding), `scatter[t]`
-    is packed token t's flat index r * q + c."""
-
-    gather: torch.Tensor  # [b * q] long
-    scatter: torch.Tensor  # [T] long
-    b: int
-    q: int
+__all__ = ["PACK_MIN_PADDING", "Engine", "EngineStats", "Sequence", "SlotKVCache"]  # SlotKVCache: re-export
 
 
 # Pack a forward only when left-padding would add at least this many tokens: below it, the
 # packing bookkeeping (index maps, gathers in every attention call) costs more than the
 # padded tokens' FLOPs (measured on the bundled model, CPU: batch-8 decode got slower).
 PACK_MIN_PADDING = 16
-
-# Set by the engine only for the duration of its own packed forward (see Engine._forward).
-_PACKED: _Packed | None = None
-
-
-def _slot_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """SDPA with our explicit additive mask, letting SDPA handle grouped KV heads itself
-    (transformers' sdpa path copies K/V per group whenever a mask is given). In a packed
-    forward the model's linear layers ran on the T real tokens only ([1, T] input, no padding
-    FLOPs); here the queries are laid out as [b, heads, q, dim] for the per-row attention and
-    the outputs are gathered back to the packed order."""
-    pk = _PACKED
-    if pk is not None:
-        heads, dim = query.shape[1], query.shape[3]
-        # [T, heads, dim] is the projections' memory order: gathering along dim 0 is a row copy
-        query = query[0].transpose(0, 1).index_select(0, pk.gather).view(pk.b, pk.q, heads, dim).transpose(1, 2)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
-    )
-    out = out.transpose(1, 2)
-    if pk is not None:
-        return out.reshape(pk.b * pk.q, out.shape[2], out.shape[3]).index_select(0, pk.scatter)[None], None
-    return out.contiguous(), None
-
-
-AttentionInterface.register("srt_slots", _slot_attention)
-
-
-class SlotKVCache(Cache):
-    """Per-slot keys/values with independent lengths; see the module docstring."""
-
-    def __init__(self, slots: int, max_len: int):
-        super().__init__(layers=[])
-        self.slots, self.max_len = slots, max_len
-        self.k: dict[int, torch.Tensor] = {}
-        self.v: dict[int, torch.Tensor] = {}
-        self._rows = self._wslot = self._widx = None
-        self._all = False
-        self._lcur = 0
-
-    def prepare(self, rows: torch.Tensor, wslot: torch.Tensor, widx: torch.Tensor, lcur: int,
-                all_slots: bool = False) -> None:
-        """Set where the next forward writes and reads: the model's query (i, c) (batch row i,
-        position c of its input) goes to slot wslot[i, c], column widx[i, c]; attention batch
-        row r reads slot rows[r], columns [0, lcur). `all_slots`: rows is exactly
-        0..slots-1, so reads are views instead of gathers."""
-        self._rows, self._wslot, self._widx, self._lcur, self._all = rows, wslot, widx, lcur, all_slots
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        if layer_idx not in self.k:
-            _, heads, _, dim = key_states.shape
-            shape = (self.slots, heads, self.max_len + 1, dim)
-            self.k[layer_idx] = key_states.new_zeros(shape)
-            self.v[layer_idx] = value_states.new_zeros(shape)
-        kb, vb = self.k[layer_idx], self.v[layer_idx]
-        idx = (self._wslot, slice(None), self._widx)
-        kb[idx] = key_states.transpose(1, 2).to(kb.dtype)
-        vb[idx] = value_states.transpose(1, 2).to(vb.dtype)
-        if self._all:
-            return kb[:, :, : self._lcur], vb[:, :, : self._lcur]
-        # slice before gathering: copies only the lcur columns attention reads
-        return kb[:, :, : self._lcur].index_select(0, self._rows), vb[:, :, : self._lcur].index_select(0, self._rows)
-
-    @torch.inference_mode()
-    def copy_prefix(self, src: int, dst: int, n: int) -> None:
-        """Give slot `dst` the keys/values of slot `src`'s first n positions (a shared prompt)."""
-        for layer in self.k:
-            self.k[layer][dst, :, :n] = self.k[layer][src, :, :n]
-            self.v[layer][dst, :, :n] = self.v[layer][src, :, :n]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0  # positions are always passed explicitly
-
-
-@dataclass
-class _Layout:
-    """A packed forward's index maps (see Engine._forward): packed token t belongs to input row
-    tok_row[t] and sits at cache column flat[t]; attention row a is left-padded by pad[a]."""
-
-    tok_row: torch.Tensor
-    flat: torch.Tensor
-    first: torch.Tensor  # packed index of each input row's first token
-    pos: torch.Tensor  # [na, q] positions (0 on padding)
-    pad: torch.Tensor  # [na]
-    gather: torch.Tensor
-    scatter: torch.Tensor
-    q: int
-    lcur: int
-
-
-def _layout(lens: list[int], starts: list[int], arow: list[int], na: int) -> _Layout:
-    """Index maps for input rows of `lens` tokens starting at cache columns `starts`, input row r
-    being attention row arow[r] of na (the others are all padding). Built in plain Python: a
-    few hundred entries, cheaper than a chain of small tensor ops."""
-    q = max(lens)
-    tok_row, flat, scatter, first = [], [], [], []
-    pos, pad, gather = [0] * (na * q), [q] * na, [0] * (na * q)
-    t = 0
-    for r, (n, c, a) in enumerate(zip(lens, starts, arow)):
-        base = a * q + q - n
-        pad[a] = q - n
-        first.append(t)
-        tok_row += [r] * n
-        flat += range(c, c + n)
-        scatter += range(base, base + n)
-        gather[base: base + n] = range(t, t + n)
-        pos[base: base + n] = range(c, c + n)
-        t += n
-    lcur = max(c + n for c, n in zip(starts, lens))
-    return _Layout(torch.tensor(tok_row), torch.tensor(flat), torch.tensor(first),
-                   torch.tensor(pos).view(na, q), torch.tensor(pad), torch.tensor(gather),
-                   torch.tensor(scatter), q, lcur)
 
 
 @dataclass
@@ -427,7 +303,7 @@ class Engine:
         nslots = len(self.slots)
         arow = [s.slot for s in rows] if 2 * b >= nslots else list(range(b))
         na = nslots if 2 * b >= nslots else b
-        lay = _layout(lens, [s.cache_len for s in rows], arow, na)
+        lay = layout(lens, [s.cache_len for s in rows], arow, na)
         mask = self._mask(lay.pos, lay.pad, lay.lcur)
         slot_idx = torch.tensor([s.slot for s in rows], dtype=torch.long)
         read = torch.arange(nslots) if na == nslots else slot_idx
@@ -440,7 +316,7 @@ class Engine:
         pick = out_off[:, None] + torch.minimum(torch.arange(keep)[None, :], torch.tensor(dls)[:, None])
         ids = torch.tensor([[t for x in inputs for t in x]])
         logits = self._model_forward(ids, lay.flat[None], mask, need,
-                                     _Packed(lay.gather, lay.scatter, na, lay.q), rows)[0]
+                                     Packed(lay.gather, lay.scatter, na, lay.q), rows)[0]
         return shape_probs(logits, self.params).index_select(0, pick.flatten().to(dev)).view(b, keep, -1)
 
     def _forward_padded(self, rows: list[Sequence], inputs: list[list[int]], dls: list[int]) -> torch.Tensor:
@@ -476,26 +352,24 @@ class Engine:
         return mask.masked_fill_(~vis[:, None], torch.finfo(self.dtype).min)
 
     def _model_forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, keep: Any,
-                       packed: _Packed | None, rows: list[Sequence]) -> torch.Tensor:
+                       packed: Packed | None, rows: list[Sequence]) -> torch.Tensor:
         """Run the model with our cache and attention; returns the kept logits."""
-        global _PACKED
         cfg = self.model.config
         saved = cfg._attn_implementation
         if self._attn:
             cfg._attn_implementation = self._attn
         dev = self.device
         if packed is not None:
-            packed = _Packed(packed.gather.to(dev), packed.scatter.to(dev), packed.b, packed.q)
+            packed = Packed(packed.gather.to(dev), packed.scatter.to(dev), packed.b, packed.q)
             keep = keep.to(dev)
-        _PACKED = packed
         try:
-            out = self._call_model(
-                input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=mask.to(dev),
-                past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
-            )
+            with packed_attention(packed):
+                out = self._call_model(
+                    input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=mask.to(dev),
+                    past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
+                )
         finally:
             cfg._attn_implementation = saved
-            _PACKED = None
         self.stats.all_forwards += 1
         if any(not s.runahead for s in rows):
             self.stats.forwards += 1

@@ -250,6 +250,7 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
     writer = PoolWriter(out, resume=o["resume"], fsync_every=1 << 30)
     progress, task = _progress(len(todo))
     t0, c0 = time.perf_counter(), time.process_time()
+    rewards: list[float] = []  # one per trajectory written by this run
 
     def on_finished(seq: Any) -> None:
         group = finished.setdefault(seq.group, [])
@@ -259,7 +260,8 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
         rec = by_uid[seq.group]
         for s in sorted(group, key=lambda s: s.meta["sample"]):
             text = tok.decode(s.output, skip_special_tokens=False)
-            for step in turn_steps(s, seq.group, reward_fn(rec.record, text), k):
+            rewards.append(reward_fn(rec.record, text))
+            for step in turn_steps(s, seq.group, rewards[-1], k):
                 writer.write(step)
         writer.flush()
         drafter.group_done(seq.group)
@@ -287,7 +289,7 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
             store.close()
     cpu = time.process_time() - c0
     return {**_summary(engine, drafter, time.perf_counter() - t0, len(prompts), len(skip), out, o),
-            "cpu_s": round(cpu, 3)}
+            "cpu_s": round(cpu, 3), "reward_mean": round(sum(rewards) / len(rewards), 4) if rewards else None}
 
 
 def _run_ahead_on(o: dict, model: Any) -> bool:
