@@ -3,20 +3,20 @@ continuous batching.
 
 How the pieces fit:
 
-- `SlotKVCache` is a transformers `Cache` whose per-layer buffers are [slots, kv_heads, L+1, D].
-  Each slot (one sequence) has its own valid length; a forward writes the new keys/values at each
-  token's own (slot, position) (a scatter), and rolling back rejected draft positions is just not
-  counting them (they are overwritten later and never visible meanwhile). Column L is a trash
-  column where padding queries of the padded fallback write.
-- Packed forwards (our `srt_slots` attention, i.e. the model's own was sdpa or eager): the
-  model runs on the real tokens of all rows concatenated ([1, T], per-token `position_ids`), so
-  its linear layers and the LM head (`logits_to_keep` = the needed positions) spend nothing on
-  padding; only attention lays the queries out per row ([rows, heads, q, dim], left-padded)
-  with an explicit additive 4-D mask (transformers uses a 4-D mask as-is) and gathers the
-  outputs back. With at least half the slots in a forward, the attention rows are all slots,
-  so the cache is read as a view instead of gathered. Forwards with little padding (plain
-  decode) and other attention implementations take the padded path (`_forward_padded`): rows
-  left-padded to one length. Both give bit-identical outputs (same seeds, same pools).
+- The KV cache and attention live in `srtcli.slot_cache`: `SlotKVCache` keeps per-layer
+  buffers [slots, kv_heads, L+1, D] in which each slot (one sequence) has its own valid length;
+  rolling back rejected draft positions is just not counting them (they are overwritten later
+  and never visible meanwhile: `_mask`). Column L is a trash column for padding queries.
+- Packed forwards (our `srt_slots` attention, i.e. the model's own was sdpa or eager) when
+  left-padding would add at least `PACK_MIN_PADDING` tokens: the model runs on the real tokens
+  of all rows concatenated ([1, T], per-token `position_ids`), so its linear layers and the LM
+  head (`logits_to_keep` = the needed positions) spend nothing on padding; only attention lays
+  the queries out per row ([rows, heads, q, dim], left-padded) with an explicit additive 4-D
+  mask (transformers uses a 4-D mask as-is) and gathers the outputs back. With at least half
+  the slots in a forward, the attention rows are all slots, so the cache is read as a view
+  instead of gathered. Forwards with little padding (plain decode) and other attention
+  implementations take the padded path (`_forward_padded`): rows left-padded to one length.
+  Both give bit-identical outputs (same seeds, same pools).
 - A row's input is its *pending* tokens (the last emitted token, a whole prompt for a fresh
   slot, or tool output) followed by its draft. One forward gives the shaped target distribution
   at every draft position; `srtcli.verify` accepts a prefix and emits one more token.
@@ -40,10 +40,9 @@ import torch
 
 from srtcli.drafters import Drafter, Proposal
 from srtcli.sampling import SamplingParams, shape_probs
+# SlotKVCache is also imported from here by callers (`from srtcli.engine import SlotKVCache`)
 from srtcli.slot_cache import Packed, SlotKVCache, layout, packed_attention
 from srtcli.verify import verify_drafts
-
-__all__ = ["PACK_MIN_PADDING", "Engine", "EngineStats", "Sequence", "SlotKVCache"]  # SlotKVCache: re-export
 
 
 # Pack a forward only when left-padding would add at least this many tokens: below it, the
