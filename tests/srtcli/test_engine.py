@@ -132,3 +132,32 @@ def test_prompt_kv_registry_is_empty_after_a_run():
     model = tiny_model("qwen2", sharp=4.0)
     eng, _ = greedy_run(model, make_drafter("srt"))
     assert eng._prompts == {} and eng.active() == []
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama"])
+def test_packed_forward_for_every_uneven_forward_is_token_identical(kind, monkeypatch):
+    """With PACK_MIN_PADDING = 1 every forward with any padding runs packed ([1, T] input,
+    index-mapped attention); greedy output must still equal plain greedy decoding."""
+    import srtcli.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "PACK_MIN_PADDING", 1)
+    packed, padded_pad = [], []
+    model_forward, forward_padded = Engine._model_forward, Engine._forward_padded
+
+    def count_model_forward(self, ids, pos, mask, keep, pk, rows):
+        packed.append(pk is not None)
+        return model_forward(self, ids, pos, mask, keep, pk, rows)
+
+    def record_padded(self, rows, inputs, dls):
+        padded_pad.append(len(inputs) * max(map(len, inputs)) - sum(map(len, inputs)))
+        return forward_padded(self, rows, inputs, dls)
+
+    monkeypatch.setattr(Engine, "_model_forward", count_model_forward)
+    monkeypatch.setattr(Engine, "_forward_padded", record_padded)
+    model = tiny_model(kind, sharp=4.0)
+    eng, seqs = greedy_run(model, make_drafter("ngram"), eos={5})
+    for s in seqs:
+        assert s.output == plain_greedy(model, s.prompt_ids, s.max_new_tokens, {5})
+    assert eng.stats.accepted > 0  # ragged drafts: accepted and rejected ones
+    assert sum(packed) > 0  # the packed path really ran
+    assert padded_pad.count(0) == len(padded_pad) == packed.count(False)  # only even forwards padded
