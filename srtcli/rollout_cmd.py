@@ -18,8 +18,9 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -211,23 +212,41 @@ def _context_len(model: Any, tok: Any) -> int:
     return int(ctx)
 
 
-def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str, Any]:
+@dataclass
+class Plan:
+    """What a rollout run has to do; the same for both engines (embedded and vLLM)."""
+
+    uids: list[str]  # each prompt's cache key, also the pool's prompt_uid
+    reward_fn: Callable[[dict, str], float]
+    out: Path  # the pool file
+    skip: set[str]  # groups a resumed pool already holds whole
+    todo: list[int]  # indices of the prompts still to roll out
+
+
+def plan(o: dict, tok: Any, prompts: list) -> Plan:
+    """Cache keys, the reward function, the pool file and, with --resume, what is left to do."""
     from cache_store.uid import prompt_uid
-    from srtcli.engine import Engine, Sequence
-    from srtcli.pool import PoolWriter
     from srtcli.rewards import load_reward
-    from srtcli.runahead import RunAhead, Upcoming, run_batches
-    from srtcli.sampling import SamplingParams
     from srtcli.tokenizers import tokenizer_fingerprint
 
-    k = o["k"]
     fp = tokenizer_fingerprint(tok)
     uids = [prompt_uid(p.ids, fp) for p in prompts]
     reward_spec = o["reward"] or ("exact_match" if all("answer" in p.record for p in prompts) else None)
     reward_fn = load_reward(reward_spec) if reward_spec else (lambda rec, text: 0.0)
     out = pool_file(o["out"])
-    skip = completed_groups(out, k) if o["resume"] else set()
-    todo = [i for i, u in enumerate(uids) if u not in skip]
+    skip = completed_groups(out, o["k"]) if o["resume"] else set()
+    return Plan(uids, reward_fn, out, skip, [i for i, u in enumerate(uids) if u not in skip])
+
+
+def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str, Any]:
+    from srtcli.engine import Engine, Sequence
+    from srtcli.pool import PoolWriter
+    from srtcli.runahead import RunAhead, Upcoming, run_batches
+    from srtcli.sampling import SamplingParams
+
+    k = o["k"]
+    pl = plan(o, tok, prompts)
+    uids, reward_fn, out, skip, todo = pl.uids, pl.reward_fn, pl.out, pl.skip, pl.todo
     store = _open_store(o) if o["draft"] == "srt" else None
     drafter = _drafter(o, store)
     stop_fn = turn_end = None

@@ -128,21 +128,13 @@ def _eos_ids(tok: Any, model_dir: Path) -> list[int]:
 
 
 def _rollout(llm: Any, o: dict, tok: Any, prompts: list, model_dir: Path) -> dict[str, Any]:
-    from cache_store.uid import prompt_uid
     from srtcli.pool import PoolWriter
-    from srtcli.rewards import load_reward
-    from srtcli.rollout_cmd import _progress, cache_dir, completed_groups, pool_file
-    from srtcli.tokenizers import tokenizer_fingerprint
+    from srtcli.rollout_cmd import _progress, cache_dir, plan
     from srtcli.vllm_proposer import Table, write_table
 
     k = o["k"]
-    fp = tokenizer_fingerprint(tok)
-    uids = [prompt_uid(p.ids, fp) for p in prompts]
-    reward_spec = o["reward"] or ("exact_match" if all("answer" in p.record for p in prompts) else None)
-    reward_fn = load_reward(reward_spec) if reward_spec else (lambda rec, text: 0.0)
-    out = pool_file(o["out"])
-    skip = completed_groups(out, k) if o["resume"] else set()
-    todo = [i for i, u in enumerate(uids) if u not in skip]
+    pl = plan(o, tok, prompts)
+    uids, reward_fn, out, skip, todo = pl.uids, pl.reward_fn, pl.out, pl.skip, pl.todo
     drafting = o["draft"] == "srt" and o["budget"] > 0
     store = _open_store(cache_dir(o["cache_opt"])) if o["draft"] == "srt" else None
     eos = _eos_ids(tok, model_dir)

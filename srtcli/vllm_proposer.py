@@ -39,9 +39,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from cache_store.trie import TokenTree
+from srtcli.drafters.srt import DEPTH, load_tree  # fill the cache exactly as the embedded drafter does
 
 TABLE_ENV = "SRT_VLLM_TABLE"
-DEPTH = 64  # the embedded drafter's tree depth (srtcli/drafters/srt.py)
+
 
 
 @dataclass
@@ -134,9 +135,8 @@ class TreeDrafts:
     def _group(self, uid: str) -> _Group:
         g = self.groups.get(uid)
         if g is None:
-            tree = self.store.load(uid) if self.store is not None else None
-            hit = tree is not None and tree.mass > 0
-            g = self.groups[uid] = _Group(tree or TokenTree(max_depth=DEPTH), TokenTree(max_depth=DEPTH), hit)
+            tree, hit = load_tree(self.store, uid)
+            g = self.groups[uid] = _Group(tree, TokenTree(max_depth=DEPTH), hit)
             self.c.groups += 1
             self.c.hits += hit
         return g

@@ -32,6 +32,14 @@ from srtcli.drafters import Drafter, Proposal
 DEPTH = 64
 
 
+def load_tree(store: Any, uid: str) -> tuple[TokenTree, bool]:
+    """The prompt's tree from the cache (decayed), or a new empty one; and whether the cache
+    held a non-empty tree for it (a hit)."""
+    tree = store.load(uid) if store is not None else None
+    hit = tree is not None and tree.mass > 0
+    return (tree or TokenTree(max_depth=DEPTH)), hit
+
+
 @dataclass
 class _Group:
     tree: TokenTree
@@ -57,9 +65,8 @@ class SrtDrafter(Drafter):
     def _group(self, uid: str) -> _Group:
         g = self.groups.get(uid)
         if g is None:
-            tree = self.store.load(uid) if self.store is not None else None
-            hit = tree is not None and tree.mass > 0
-            g = self.groups[uid] = _Group(tree or TokenTree(max_depth=DEPTH), TokenTree(max_depth=DEPTH), hit)
+            tree, hit = load_tree(self.store, uid)
+            g = self.groups[uid] = _Group(tree, TokenTree(max_depth=DEPTH), hit)
         return g
 
     def begin(self, seq: Any) -> None:
