@@ -45,14 +45,11 @@ def check_model_dir(path: str | Path) -> Path:
 
 
 def load_tokenizer(path: str | Path):
-    """The tokenizer of a local model directory (offline); it must have an eos token."""
-    from transformers import AutoTokenizer
+    """The tokenizer of a local model directory (offline), fit to generate: it must have an eos
+    token. (`srtcli.tokenizers.load_tokenizer` needs only the tokenizer files: `cache add`.)"""
+    from srtcli import tokenizers
 
-    path = check_model_dir(path)
-    try:
-        tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    except Exception as e:  # transformers raises many types; the user needs one line
-        raise SrtError(f"{path}: cannot load the tokenizer: {type(e).__name__}: {_first_line(e)}") from None
+    tok = tokenizers.load_tokenizer(check_model_dir(path))
     if tok.eos_token_id is None:
         raise SrtError(f"{path}: the tokenizer has no eos token (set eos_token in tokenizer_config.json)")
     if tok.pad_token_id is None:
