@@ -96,6 +96,11 @@ def _flex(query, key, value, block_mask, scale):
     return fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True)
 
 
+def _keys(x: torch.Tensor, keys: slice | torch.Tensor) -> torch.Tensor:
+    """x[:, :, keys]: a view for a contiguous range, a gather for a key list."""
+    return x[:, :, keys] if isinstance(keys, slice) else x.index_select(2, keys)
+
+
 def _tree_forward(row: _Row, module, query, key, value, dropout, scaling, window):
     """query [B, H, T, D], key/value [B, Hkv, T, D] -> [B, T, H, D]."""
     groups = query.shape[1] // key.shape[1]
@@ -108,8 +113,8 @@ def _tree_forward(row: _Row, module, query, key, value, dropout, scaling, window
     if row.backend == "sdpa":
         sdpa = torch.nn.functional.scaled_dot_product_attention
         outs = [
-            sdpa(query[:, :, a:b], key[:, :, lo:b], value[:, :, lo:b], attn_mask=m, dropout_p=dropout, scale=scaling)
-            for a, b, lo, m in row.blocks(window)
+            sdpa(query[:, :, a:b], _keys(key, ks), _keys(value, ks), attn_mask=m, dropout_p=dropout, scale=scaling)
+            for a, b, ks, m in row.blocks(window)
         ]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return out.transpose(1, 2).contiguous(), None

@@ -55,23 +55,32 @@ def sdpa_blocks(
     position_ids: torch.Tensor | None = None,
     sliding_window: int | None = None,
     block: int = 512,
-) -> list[tuple[int, int, int, torch.Tensor]]:
-    """The bool mask in query blocks: (q_start, q_end, k_start, mask [1, 1, q_end-q_start,
-    q_end-k_start]). Keys outside [k_start, q_end) are never visible (later tokens, other
-    trees), so SDPA skips them: about half the work of one T x T mask for a single tree, much
-    less for a forest, and no T x T tensor."""
+) -> list[tuple[int, int, slice | torch.Tensor, torch.Tensor]]:
+    """The bool mask in query blocks: (q_start, q_end, keys, mask [1, 1, q_end-q_start, len(keys)]).
+
+    `keys` holds only the keys some query of the block can see: those of the block itself, and
+    earlier ones whose subtree reaches the block (`subtree_end[k] >= q_start`). Later tokens,
+    other trees and earlier sibling branches are skipped, so SDPA never computes them: for K
+    branches under a shared prompt, a branch's block reads the prompt and itself, not the other
+    branches. `keys` is a slice when it is one contiguous range, else an index tensor."""
     t = subtree_end.numel()
+    dev = subtree_end.device
     roots = tree_roots(subtree_end)
     out = []
     for a in range(0, t, block):
         b = min(a + block, t)
         lo = int(roots[a])
-        q = torch.arange(a, b, device=subtree_end.device)[:, None]
-        k = torch.arange(lo, b, device=subtree_end.device)[None, :]
-        m = (k <= q) & (q <= subtree_end[lo:b][None, :])
+        before = torch.nonzero(subtree_end[lo:a] >= a).flatten() + lo
+        if before.numel() == a - lo:  # every earlier key of the tree reaches the block
+            kidx = torch.arange(lo, b, device=dev)
+            keys: slice | torch.Tensor = slice(lo, b)
+        else:
+            kidx = keys = torch.cat([before, torch.arange(a, b, device=dev)])
+        q = torch.arange(a, b, device=dev)[:, None]
+        m = (kidx[None, :] <= q) & (q <= subtree_end[kidx][None, :])
         if sliding_window is not None and position_ids is not None:
-            m &= (position_ids[a:b, None] - position_ids[None, lo:b]) < sliding_window
-        out.append((a, b, lo, m[None, None]))
+            m &= (position_ids[a:b, None] - position_ids[None, kidx]) < sliding_window
+        out.append((a, b, keys, m[None, None]))
     return out
 
 

@@ -40,9 +40,9 @@ def test_query_blocks_cover_exactly_the_visible_keys(groups, pad_to, block):
         ref = dense_reference_mask(row.paths, t)
         rebuilt = torch.zeros(t, t, dtype=torch.bool)
         covered = torch.zeros(t, t, dtype=torch.bool)
-        for a, b, lo, m in sdpa_blocks(row.subtree_end, block=block):
-            rebuilt[a:b, lo:b] = m[0, 0]
-            covered[a:b, lo:b] = True
+        for a, b, keys, m in sdpa_blocks(row.subtree_end, block=block):
+            rebuilt[a:b, keys] = m[0, 0]
+            covered[a:b, keys] = True
         assert torch.equal(rebuilt, ref)
         assert not bool((ref & ~covered).any())  # no visible key is cut off by a block's key range
 
@@ -50,7 +50,15 @@ def test_query_blocks_cover_exactly_the_visible_keys(groups, pad_to, block):
 def test_query_blocks_skip_other_trees():
     row = pack_rows([[[1] * 8], [[2] * 8]], max_tokens=64, pad_to=1)[0]
     blocks = sdpa_blocks(row.subtree_end, block=8)
-    assert [(a, b, lo) for a, b, lo, _ in blocks] == [(0, 8, 0), (8, 16, 8)]
+    assert [(a, b, keys) for a, b, keys, _ in blocks] == [(0, 8, slice(0, 8)), (8, 16, slice(8, 16))]
+
+
+def test_query_blocks_skip_earlier_sibling_branches():
+    # prompt [9, 9] then three branches of 4 tokens: packed 0-1 prompt, 2-5, 6-9, 10-13
+    row = pack_rows([[[9, 9, 1, 1, 1, 1], [9, 9, 2, 2, 2, 2], [9, 9, 3, 3, 3, 3]]], max_tokens=64, pad_to=1)[0]
+    blocks = sdpa_blocks(row.subtree_end, block=4)
+    last = blocks[-1]  # queries 12-13, inside the third branch
+    assert last[2].tolist() == [0, 1, 10, 11, 12, 13]  # the prompt and its own branch, no siblings
 
 
 def test_the_reference_check_catches_wrong_masks():
