@@ -212,17 +212,16 @@ def test_config_file_keys_are_long_flags(tmp_path, model_dir):
     assert len(read_pool(tmp_path / "pool")) == 8
 
 
-def test_bundled_model_tool_turns_are_separate_steps_with_untrained_results(tmp_path):
+@pytest.mark.parametrize("tools", [["--tools", "calculator"], []], ids=["explicit", "bundled-default"])
+def test_bundled_model_tool_turns_are_separate_steps_with_untrained_results(tmp_path, tools):
     from srtcli.models import default_model_dir, load_tokenizer
     from srtcli.tools import evaluate
 
-    if not (default_model_dir() / "model.safetensors").exists():
-        pytest.skip("the bundled model is not built in this checkout")
     prompts = tmp_path / "arith.jsonl"
     lines = (Path(__file__).resolve().parents[2] / "examples/arith/prompts.jsonl").read_text().splitlines()
     prompts.write_text("\n".join(lines[:4]) + "\n")
     r = CliRunner().invoke(cli, ["rollout", "--prompts", str(prompts), "-n", "4", "--max-new-tokens", "96",
-                                 "--tools", "calculator", "--out", str(tmp_path / "pool"),
+                                 *tools, "--out", str(tmp_path / "pool"),
                                  "--cache", str(tmp_path / "cache"), "--json"])
     summary(r)
     tok = load_tokenizer(default_model_dir())
@@ -238,3 +237,14 @@ def test_bundled_model_tool_turns_are_separate_steps_with_untrained_results(tmp_
         call = tok.decode(prev.input_ids).rsplit("<calc>", 1)[1].split("</calc>")[0]
         value = evaluate(call)
         assert tool_out == f"<result>{'error' if value is None else value}</result>"
+
+
+def test_tools_none_turns_the_bundled_models_calculator_off(tmp_path):
+    prompts = tmp_path / "arith.jsonl"
+    lines = (Path(__file__).resolve().parents[2] / "examples/arith/prompts.jsonl").read_text().splitlines()
+    prompts.write_text("\n".join(lines[:4]) + "\n")
+    r = CliRunner().invoke(cli, ["rollout", "--prompts", str(prompts), "-n", "4", "--max-new-tokens", "96",
+                                 "--tools", "none", "--out", str(tmp_path / "pool"),
+                                 "--cache", str(tmp_path / "cache"), "--json"])
+    summary(r)
+    assert {st.step for st in read_pool(tmp_path / "pool")} == {0}  # no tool turns

@@ -16,9 +16,6 @@ pytestmark = pytest.mark.slow  # vLLM engines take 30-50 s each to start on CPU
 
 from srtcli.rollout_cmd import rollout  # noqa: E402
 
-if not any(p.name == "engine" for p in rollout.params):
-    pytest.skip("srt rollout has no --engine option yet (see the vLLM report)", allow_module_level=True)
-
 from tests.srtcli.test_vllm_engine import model_dir, prompts  # noqa: E402,F401  (module fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
