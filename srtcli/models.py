@@ -26,11 +26,9 @@ def default_model_dir() -> Path:
 
 def check_model_dir(path: str | Path) -> Path:
     """`path` as a Path if it looks like a local HF causal-LM directory, else a one-line SrtError."""
-    path = Path(path)
-    if not path.exists():
-        raise SrtError(f"{path}: model directory not found")
-    if not path.is_dir():
-        raise SrtError(f"{path}: not a directory (--model takes a Hugging Face model directory)")
+    from srtcli.tokenizers import check_dir
+
+    path = check_dir(path)
     missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
     if missing:
         raise SrtError(f"{path}: not a model directory (missing {', '.join(missing)})")

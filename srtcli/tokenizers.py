@@ -25,13 +25,19 @@ from srtcli.errors import SrtError
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 
 
-def load_tokenizer(model_dir: str | Path) -> Any:
-    """The HF tokenizer of a local model directory (offline); a one-line SrtError otherwise."""
+def check_dir(model_dir: str | Path) -> Path:
+    """`model_dir` as a Path if it is an existing directory, else a one-line SrtError."""
     path = Path(model_dir)
     if not path.exists():
         raise SrtError(f"{path}: model directory not found")
     if not path.is_dir():
         raise SrtError(f"{path}: not a directory (--model takes a Hugging Face model directory)")
+    return path
+
+
+def load_tokenizer(model_dir: str | Path) -> Any:
+    """The HF tokenizer of a local model directory (offline); a one-line SrtError otherwise."""
+    path = check_dir(model_dir)
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         raise SrtError(f"{path}: not a model directory (no tokenizer files: {', '.join(TOKENIZER_FILES)})")
     from transformers import AutoTokenizer
