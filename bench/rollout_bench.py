@@ -48,7 +48,12 @@ CONFIGS = {
     "srt": dict(draft="srt", run_ahead=False),
     "srt+run-ahead": dict(draft="srt", run_ahead=True),
     "srt-greedy": dict(draft="srt", run_ahead=False, draft_mode="greedy"),
+    "srt-fixed": dict(draft="srt", run_ahead=False, adaptive=False),
+    "srt-adaptive": dict(draft="srt", run_ahead=False, adaptive=True),
 }
+# `srt` takes the device's default draft length (adaptive on CPU, fixed on CUDA): the default
+# list adds the other policy beside it
+DEFAULT_CONFIGS = {"cpu": [n for n in CONFIGS if n != "srt-adaptive"], "cuda": [n for n in CONFIGS if n != "srt-fixed"]}
 
 
 def model_dir(arg: str | None, work: Path) -> Path:
@@ -141,8 +146,8 @@ def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path)
                 cache_opt=str(cache), out=str(out), batch_size=args.batch_size,
                 rollout_batch=args.rollout_batch, run_ahead=cfg["run_ahead"],
                 run_ahead_tokens=args.run_ahead_tokens, tools="calculator" if args.tools else None,
-                reward=None, device="cpu", threads=1, resume=False, as_json=True,
-                adaptive_budget=not args.fixed_budget)
+                reward=None, device=args.device, threads=1, resume=False, as_json=True,
+                adaptive_budget=False if args.fixed_budget else cfg.get("adaptive"))
 
 
 def hf_generate(args, model_path: Path, prompts: Path) -> dict:
@@ -154,6 +159,8 @@ def hf_generate(args, model_path: Path, prompts: Path) -> dict:
 
     torch.set_num_threads(1)
     model, tok = load_model_and_tokenizer(model_path)
+    dev = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    model.to(dev)
     recs = read_prompts(prompts, tok, 10_000)
     per_call = max(1, args.batch_size // args.n)
     tok.padding_side = "left"
@@ -164,6 +171,7 @@ def hf_generate(args, model_path: Path, prompts: Path) -> dict:
         width = max(len(r.ids) for r in chunk)
         ids = torch.tensor([[tok.pad_token_id] * (width - len(r.ids)) + r.ids for r in chunk])
         mask = (torch.arange(width)[None, :] >= torch.tensor([width - len(r.ids) for r in chunk])[:, None]).long()
+        ids, mask = ids.to(dev), mask.to(dev)
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=args.temperature,
                                  top_k=0, top_p=1.0, max_new_tokens=args.max_new_tokens,
@@ -195,8 +203,11 @@ def main() -> None:
     ap.add_argument("--rollout-batch", type=int, default=8)
     ap.add_argument("--run-ahead-tokens", type=int, default=32)
     ap.add_argument("--tools", action="store_true", help="run the calculator tool")
-    ap.add_argument("--fixed-budget", action="store_true", help="no adaptive draft length")
-    ap.add_argument("--configs", help=f"default: all of {','.join(CONFIGS)} (vllm: {','.join(VLLM_CONFIGS)})")
+    ap.add_argument("--fixed-budget", action="store_true", help="no adaptive draft length for any config")
+    ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
+                    help="embedded engine's device (the draft-length default follows it: adaptive on CPU)")
+    ap.add_argument("--configs", help=f"any of {','.join(CONFIGS)} (default: all but the one equal to srt on "
+                    f"the device; vllm: {','.join(VLLM_CONFIGS)})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out")
     args = ap.parse_args()
@@ -219,7 +230,10 @@ def main() -> None:
     from srtcli.rollout_cmd import run_rollout
 
     model = model_dir(args.model, work)
-    names = args.configs.split(",") if args.configs else list(CONFIGS)
+    import torch
+
+    on_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    names = args.configs.split(",") if args.configs else DEFAULT_CONFIGS["cuda" if on_cuda else "cpu"]
     results: dict[str, list[dict]] = {n: [] for n in names}
     for epoch in range(1, args.epochs + 1):
         for name in names:
@@ -250,6 +264,16 @@ def speed(s: dict, by: str) -> float:
 
 
 def report(results: dict, ref: dict, names: list[str], epochs: int) -> None:
+    # device-independent: how many model forwards each config took (on a memory-bound device,
+    # where a verify forward costs about a decode forward, speed follows this ratio)
+    print("\ntarget forwards (ratio none / config) in each epoch")
+    for name in names:
+        row = f"{name:16s}"
+        for e in range(epochs):
+            f = results[name][e]["target_forwards"]
+            base = results["none"][e]["target_forwards"] if "none" in results else float("nan")
+            row += f"  {f:6d} ({base / f:4.2f}x)"
+        print(row)
     for by in ("wall", "cpu"):
         print(f"\nspeed (tokens per {by} second) as a ratio to `none` in the same epoch; accepted tokens per forward")
         print(f"{'config':16s}" + "".join(f"  epoch {e}: x none | acc/fwd" for e in range(1, epochs + 1)))

@@ -39,7 +39,7 @@ from typing import Any, Callable
 import torch
 
 from srtcli.drafters import Drafter, Proposal
-from srtcli.sampling import SamplingParams, shape_probs
+from srtcli.sampling import SamplingParams, sample, shape_probs
 # SlotKVCache is also imported from here by callers (`from srtcli.engine import SlotKVCache`)
 from srtcli.slot_cache import Packed, SlotKVCache, layout, packed_attention
 from srtcli.verify import verify_drafts
@@ -212,7 +212,7 @@ class Engine:
             return False
         self.cache.copy_prefix(donor.slot, seq.slot, len(key))
         p0 = self._prompts[key][0]
-        tok = int(torch.multinomial(p0, 1, generator=self.gen))
+        tok = int(sample(p0, self.gen))
         lp = float(p0[tok].clamp_min(1e-38).log())
         self._prompts[key][1].append(seq)
         return self._apply(seq, 0, 0, [tok], [lp])

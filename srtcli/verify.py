@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from srtcli.sampling import sample
+
 
 @dataclass
 class Verdict:
@@ -82,5 +84,5 @@ def verify_drafts(
         good = residual.sum(-1) > 1e-12
         use_res = rejected & good
         dist = torch.where(use_res[:, None], residual, dist)
-    final = torch.multinomial(dist / dist.sum(-1, keepdim=True), 1, generator=generator).squeeze(-1)
+    final = sample(dist, generator)
     return Verdict(accepted=accepted, final=final)

@@ -135,7 +135,7 @@ def _eos_ids(tok: Any, model_dir: Path) -> list[int]:
 
 def _rollout(llm: Any, o: dict, tok: Any, prompts: list, model_dir: Path) -> dict[str, Any]:
     from srtcli.pool import PoolWriter
-    from srtcli.rollout_cmd import _progress, cache_dir, plan
+    from srtcli.rollout_cmd import _progress, adaptive_on, cache_dir, plan
     from srtcli.vllm_proposer import Table, write_table
 
     k = o["k"]
@@ -148,7 +148,7 @@ def _rollout(llm: Any, o: dict, tok: Any, prompts: list, model_dir: Path) -> dic
         table = Path(tmp) / "table.json"
         write_table(table, Table(str(store.path) if store is not None else None,
                                  {uids[i]: prompts[i].ids for i in todo}, k, o["max_new_tokens"], eos, o["min_prob"],
-                                 bool(o.get("adaptive_budget", True))))
+                                 adaptive_on(o, "cpu" if _on_cpu(None) else "cuda")))
         if drafting:
             llm.collective_rpc("srt_reload", args=(str(table),))
         before = spec_metrics(llm)

@@ -33,8 +33,8 @@ def exact(model, params: SamplingParams) -> dict[tuple[int, ...], float]:
 
     out = {}
     for cont in itertools.product(range(V), repeat=NEW):
-        logits = model(torch.tensor([PROMPT + list(cont)])).logits[0]
-        p = shape_probs(logits[len(PROMPT) - 1: len(PROMPT) - 1 + NEW], params)
+        logits = model(torch.tensor([PROMPT + list(cont)], device=model.device)).logits[0]
+        p = shape_probs(logits[len(PROMPT) - 1: len(PROMPT) - 1 + NEW], params).cpu()
         out[cont] = float(torch.prod(p[torch.arange(NEW), torch.tensor(cont)]))
     return out
 

@@ -1,12 +1,18 @@
 """Shared helpers for the rollout tests (no tests here): tiny random HF causal LMs and a plain
-greedy / sampling reference that never touches srt's engine."""
+greedy / sampling reference that never touches srt's engine.
+
+`SRT_TEST_DEVICE=cuda` puts the tiny models (and so the engine) on the GPU; bench/gpu_check.sh
+runs the engine's exactness tests that way."""
 
 from __future__ import annotations
+
+import os
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 VOCAB = 48
+DEVICE = os.environ.get("SRT_TEST_DEVICE", "cpu")
 
 
 def tiny_model(kind: str = "qwen2", vocab: int = VOCAB, seed: int = 0, sharp: float = 1.0):
@@ -21,7 +27,7 @@ def tiny_model(kind: str = "qwen2", vocab: int = VOCAB, seed: int = 0, sharp: fl
         model = LlamaForCausalLM(LlamaConfig(**common))
     with torch.no_grad():
         model.lm_head.weight.mul_(sharp)
-    return model.eval()
+    return model.eval().to(DEVICE)
 
 
 @torch.inference_mode()
@@ -30,7 +36,7 @@ def plain_greedy(model, prompt: list[int], max_new: int, eos: set[int] = frozens
     ids = list(prompt)
     out = []
     for _ in range(max_new):
-        t = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+        t = int(model(torch.tensor([ids], device=model.device)).logits[0, -1].argmax())
         out.append(t)
         ids.append(t)
         if t in eos:

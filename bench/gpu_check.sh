@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One prepared GPU session for the rollout engine (issue #4's CUDA measurements), sized for
+# the workplace's lent H200 (15 minutes of device time; this script runs ~6 of them).
+#
+# What it does, in order, writing everything under $OUT (default /tmp/srt-gpu):
+#   1. installs the two packages the GPU image lacks (lmdb, zstandard) from carried wheels and
+#      builds the token tree's C core in place (the image has torch, transformers, click, rich,
+#      pytest, hypothesis);
+#   2. runs the engine's exactness tests on CUDA (SRT_TEST_DEVICE=cuda: greedy identity for every
+#      drafter, chi-square sampling tests) and the CUDA-only FlexAttention test;
+#   3. runs bench/rollout_bench.py with the embedded engine on CUDA (bundled workload, K = 8,
+#      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs.
+#
+# Prepare here (the GPU machine reaches no package index), once per checkout:
+#     echo /.whl/ >> .git/info/exclude
+#     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#         -d .whl lmdb zstandard
+# then call the device tool's `run` with carry [".whl"], timeout_s 600 and the command
+#     bash bench/gpu_check.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/srt-gpu}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+DEV=${DEV:-cuda}  # DEV=cpu rehearses the whole script on a CPU machine
+
+step() { echo "== $* ($(date +%T))"; }
+
+step setup
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+$PY setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
+{ nvidia-smi; $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', 'transformers', transformers.__version__)"; } \
+    2>&1 | tee "$OUT/env.txt"
+
+step "exactness tests on CUDA"
+SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider \
+    tests/srtcli/test_engine.py tests/srtcli/test_engine_sampling.py tests/attention/test_masks.py 2>&1 \
+    | tee "$OUT/tests_$DEV.log" | tail -15
+
+step "rollout bench, CUDA, batch 32"
+timeout 200 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \
+    --batch-size 32 --rollout-batch 8 --json-out "$OUT/rollout_${DEV}_b32.json" 2>&1 | tee "$OUT/rollout_${DEV}_b32.log" | tail -30
+
+step "rollout bench, CUDA, batch 8"
+timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 16 --epochs 3 --tools -n 8 --max-new-tokens 96 \
+    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-adaptive \
+    --json-out "$OUT/rollout_${DEV}_b8.json" 2>&1 | tee "$OUT/rollout_${DEV}_b8.log" | tail -20
+step done
