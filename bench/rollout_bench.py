@@ -49,6 +49,7 @@ CONFIGS = {
     "srt+run-ahead": dict(draft="srt", run_ahead=True),
     "srt-greedy": dict(draft="srt", run_ahead=False, draft_mode="greedy"),
     "srt-fixed": dict(draft="srt", run_ahead=False, adaptive=False),
+    "srt-prompt-only": dict(draft="srt", run_ahead=False, shared_tree=False),
     "srt-adaptive": dict(draft="srt", run_ahead=False, adaptive=True),
 }
 # `srt` takes the device's default draft length (adaptive on CPU, fixed on CUDA): the default
@@ -147,7 +148,8 @@ def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path)
                 rollout_batch=args.rollout_batch, run_ahead=cfg["run_ahead"],
                 run_ahead_tokens=args.run_ahead_tokens, tools="calculator" if args.tools else None,
                 reward=None, device=args.device, threads=1, resume=False, as_json=True,
-                adaptive_budget=False if args.fixed_budget else cfg.get("adaptive"))
+                adaptive_budget=False if args.fixed_budget else cfg.get("adaptive"),
+                shared_tree=cfg.get("shared_tree", True))
 
 
 def hf_generate(args, model_path: Path, prompts: Path) -> dict:

@@ -138,6 +138,9 @@ def tool_hooks(tok: Any, tool: str):
               help="srt: stop a draft when its path probability falls below this.")
 @click.option("--draft-mode", type=click.Choice(["greedy", "sample"]), default="sample", show_default=True,
               help="srt: follow the most frequent child (point mass) or sample children (ratio rule).")
+@click.option("--shared-tree/--no-shared-tree", default=True, show_default=True,
+              help="srt (embedded engine): also draft from one run-wide tree over every prompt's outputs "
+                   "when it predicts more than the prompt's own tree (docs/rollout.md).")
 @click.option("--adaptive-budget/--fixed-budget", default=None,
               help="Adapt each sequence's draft length to what it had accepted (<= --budget) "
                    "[default: adaptive on CPU, where every verified token costs FLOPs; fixed with "
@@ -352,7 +355,8 @@ def _drafter(o: dict, store: Any) -> Any:
     from srtcli.drafters import make_drafter
 
     if o["draft"] == "srt":
-        return make_drafter("srt", store=store, min_prob=o["min_prob"], mode=o["draft_mode"], seed=o["seed"])
+        return make_drafter("srt", store=store, min_prob=o["min_prob"], mode=o["draft_mode"], seed=o["seed"],
+                            shared=o.get("shared_tree", True))
     return make_drafter(o["draft"])
 
 

@@ -30,6 +30,8 @@ from cache_store.trie import TokenTree
 from srtcli.drafters import Drafter, Proposal
 
 DEPTH = 64
+SHARED_DEPTH = 24  # the run-wide tree: SuffixDecoding's global-tree depth
+SHARED_MAX_NODES = 1 << 21  # then the run-wide tree drops what was seen once (see `_bound`)
 
 
 def load_tree(store: Any, uid: str) -> tuple[TokenTree, bool]:
@@ -48,14 +50,27 @@ class _Group:
     counted: bool = False
 
 
+def expected_length(probs: list[float]) -> float:
+    """A draft's expected accepted length if each token's C were its chance: sum of the path
+    probabilities of its prefixes. Picks between the prompt's tree and the run-wide one."""
+    total, path = 0.0, 1.0
+    for c in probs:
+        path *= c
+        total += path
+    return total
+
+
 class SrtDrafter(Drafter):
     name = "srt"
 
     def __init__(self, store: Any = None, min_prob: float = 0.1, mode: str = "sample", seed: int = 0,
-                 commit_every: int = 8):
+                 commit_every: int = 8, shared: bool = True):
         if mode not in ("greedy", "sample"):
             raise ValueError("mode must be 'greedy' or 'sample'")
         self.store, self.min_prob, self.mode = store, min_prob, mode
+        # every output of this run, all prompts mixed (not persisted): drafts where the prompt's
+        # own tree knows less (a cold prompt; text shared across prompts)
+        self.shared = TokenTree(max_depth=SHARED_DEPTH) if shared else None
         self.groups: dict[str, _Group] = {}
         self._pending: dict[str, TokenTree] = {}  # finished groups' deltas not yet committed
         self.commit_every = commit_every
@@ -76,6 +91,8 @@ class SrtDrafter(Drafter):
             self.loaded += 1
             self.hits += g.hit
         streams = (g.tree.stream(), g.delta.stream())
+        if self.shared is not None:
+            streams += (self.shared.stream(),)
         anchor = [seq.prompt_ids[-1]]
         for s in streams:
             s.extend(anchor)
@@ -85,9 +102,14 @@ class SrtDrafter(Drafter):
     def propose(self, seq: Any, budget: int) -> Proposal:
         tree = seq.drafter_state[0]
         ctx = ([seq.prompt_ids[-1]] + seq.output)[-DEPTH:]
+        best = tree.draft(ctx, budget=budget, min_prob=self.min_prob)
+        if self.shared is not None:
+            other = self.shared.draft(ctx[-SHARED_DEPTH:], budget=budget, min_prob=self.min_prob)
+            if expected_length(other.probs) > expected_length(best.probs):
+                tree, best = self.shared, other
         if self.mode == "greedy":
-            return Proposal(tree.draft(ctx, budget=budget, min_prob=self.min_prob).tokens)
-        return self._sample(tree, ctx, budget)
+            return Proposal(best.tokens)
+        return self._sample(tree, ctx[-tree.max_depth:], budget)
 
     def _sample(self, tree: TokenTree, ctx: list[int], budget: int) -> Proposal:
         dt = tree.draft_tree(ctx, budget=4 * budget, min_prob=self.min_prob)
@@ -113,11 +135,19 @@ class SrtDrafter(Drafter):
         seq.drafter_state = None
 
     def group_done(self, uid: str) -> None:
+        self._bound()
         g = self.groups.pop(uid, None)
         if g is not None and g.delta.mass > 0:
             self._pending[uid] = g.delta
             if len(self._pending) >= self.commit_every:
                 self.flush()
+
+    def _bound(self) -> None:
+        """Keep the run-wide tree's memory bounded on long runs: past SHARED_MAX_NODES nodes,
+        halve its counts and drop what falls below 1 (substrings seen once), as the cache's
+        decay does."""
+        if self.shared is not None and self.shared.nodes > SHARED_MAX_NODES:
+            self.shared.scale(0.5, floor=1.0)
 
     def flush(self) -> None:
         """Merge the deltas of finished groups into LMDB in one transaction."""

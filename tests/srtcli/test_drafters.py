@@ -45,7 +45,7 @@ def test_suffix_uses_the_global_tree_across_prompts_and_caps_by_match_length():
 
 
 def test_srt_shares_tokens_within_a_group_at_once_and_not_across_groups():
-    d = SrtDrafter()
+    d = SrtDrafter(shared=False)  # the prompts' own trees alone
     a, b, other = seq([1, 2], group="g"), seq([1, 2], group="g"), seq([1, 2], group="h")
     for s in (a, b, other):
         d.begin(s)
@@ -56,6 +56,47 @@ def test_srt_shares_tokens_within_a_group_at_once_and_not_across_groups():
     assert d.propose(other, 8).tokens == []
     b.tokens += [7, 8]
     assert d.propose(b, 8).tokens == [9, 10]
+
+
+def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
+    store = CacheStore.open(tmp_path / "cache")
+    g, h = "g" * 32, "h" * 32
+    d = SrtDrafter(store=store)
+    a = seq([1, 2], group=g)
+    d.begin(a)
+    d.extend(a, [7, 8, 9, 10])
+    other = seq([1, 2], [7], group=h)  # another prompt: its own tree has nothing after 7
+    d.begin(other)
+    d.extend(other, [7])
+    assert d.propose(other, 8).tokens == [8, 9, 10]  # from the run-wide tree
+    d.extend(other, [5, 5])
+    other.tokens += [5, 5]
+    again = seq([1, 2], [7], group=h)
+    d.begin(again)
+    d.extend(again, [7])
+    # h's tree: 7 -> 5 always; the run-wide tree: 7 -> 8 once, 7 -> 5 once: h's own tree wins
+    assert d.propose(again, 8).tokens == [5, 5]
+    for s in (a, other, again):
+        d.end(s)
+    d.group_done(g), d.group_done(h)
+    d.close()
+    # the run-wide tree is never persisted: h's cached tree holds only h's own tokens
+    assert store.load(h).count([7, 5, 5]) == 1 and store.load(h).count([8]) == 0
+    store.close()
+
+
+def test_the_run_wide_tree_stays_bounded(monkeypatch):
+    import srtcli.drafters.srt as srt
+
+    monkeypatch.setattr(srt, "SHARED_MAX_NODES", 500)
+    d = SrtDrafter()
+    for i in range(40):
+        s = seq([1, 2], group=str(i))
+        d.begin(s)
+        d.extend(s, [(i * 7 + k * 13) % 200 + 3 for k in range(30)])
+        d.end(s)
+        d.group_done(str(i))
+        assert d.shared.nodes <= 500 + 30 * 24 + 1  # at most one group's growth past the bound
 
 
 def test_srt_sample_mode_records_the_distribution_it_sampled_from():

@@ -39,9 +39,11 @@ def exact(model, params: SamplingParams) -> dict[tuple[int, ...], float]:
     return out
 
 
-def sample(model, drafter, params, seed=0) -> tuple[dict, Engine]:
+def sample(model, drafter, params, seed=0, groups=1) -> tuple[dict, Engine]:
+    """N continuations of PROMPT; with groups > 1 the samples are split among that many groups
+    (separate srt trees, one run-wide tree), so drafts come from both kinds of tree."""
     eng = Engine(model, params, drafter, slots=64, budget=4, max_len=32, seed=seed)
-    seqs = [Sequence(PROMPT, max_new_tokens=NEW, group="g") for _ in range(N)]
+    seqs = [Sequence(PROMPT, max_new_tokens=NEW, group=f"g{i % groups}") for i in range(N)]
     todo = list(seqs)
     while todo or eng.active():
         while todo and eng.free_slots():
@@ -72,15 +74,16 @@ class SeedDrafter(SrtDrafter):
         return Proposal(d.tokens, list(d.probs), [{t: q} for t, q in zip(d.tokens, d.probs)])
 
 
-@pytest.mark.parametrize("draft,params", [
-    ("srt-greedy", SamplingParams(1.0)),
-    ("srt-sample", SamplingParams(1.0)),
-    ("ngram", SamplingParams(0.8, top_k=4, top_p=0.9)),
-    ("srt-greedy", SamplingParams(0.7, top_p=0.85)),
+@pytest.mark.parametrize("draft,params,groups", [
+    ("srt-greedy", SamplingParams(1.0), 1),
+    ("srt-sample", SamplingParams(1.0), 1),
+    ("srt-sample", SamplingParams(1.0), 16),
+    ("ngram", SamplingParams(0.8, top_k=4, top_p=0.9), 1),
+    ("srt-greedy", SamplingParams(0.7, top_p=0.85), 16),
 ])
-def test_drafted_sampling_matches_the_model_exactly(model, draft, params):
+def test_drafted_sampling_matches_the_model_exactly(model, draft, params, groups):
     drafter = (SrtDrafter(mode=draft.split("-")[1]) if draft.startswith("srt") else make_drafter(draft))
-    counts, eng = sample(model, drafter, params)
+    counts, eng = sample(model, drafter, params, groups=groups)
     assert eng.stats.accepted > 0.02 * N  # drafting was really exercised
     assert fit(counts, exact(model, params)) > 1e-3
 
