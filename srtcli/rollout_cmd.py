@@ -139,7 +139,7 @@ def tool_hooks(tok: Any, tool: str):
 @click.option("--draft-mode", type=click.Choice(["greedy", "sample"]), default="sample", show_default=True,
               help="srt: follow the most frequent child (point mass) or sample children (ratio rule).")
 @click.option("--shared-tree/--no-shared-tree", default=True, show_default=True,
-              help="srt (embedded engine): also draft from one run-wide tree over every prompt's outputs "
+              help="srt: also draft from one run-wide tree over every prompt's outputs "
                    "when it predicts more than the prompt's own tree (docs/rollout.md).")
 @click.option("--adaptive-budget/--fixed-budget", default=None,
               help="Adapt each sequence's draft length to what it had accepted (<= --budget) "

@@ -148,7 +148,8 @@ def _rollout(llm: Any, o: dict, tok: Any, prompts: list, model_dir: Path) -> dic
         table = Path(tmp) / "table.json"
         write_table(table, Table(str(store.path) if store is not None else None,
                                  {uids[i]: prompts[i].ids for i in todo}, k, o["max_new_tokens"], eos, o["min_prob"],
-                                 adaptive_on(o, "cpu" if _on_cpu(None) else "cuda")))
+                                 adaptive_on(o, "cpu" if _on_cpu(None) else "cuda"),
+                                 bool(o.get("shared_tree", True))))
         if drafting:
             llm.collective_rpc("srt_reload", args=(str(table),))
         before = spec_metrics(llm)

@@ -39,7 +39,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from cache_store.trie import TokenTree
-from srtcli.drafters.srt import DEPTH, load_tree  # fill the cache exactly as the embedded drafter does
+# fill the cache and pick drafts exactly as the embedded drafter does
+from srtcli.drafters.srt import DEPTH, SHARED_DEPTH, best_draft, bound_shared, load_tree
 
 TABLE_ENV = "SRT_VLLM_TABLE"
 
@@ -56,6 +57,7 @@ class Table:
     eos_ids: list[int]
     min_prob: float = 0.1
     adaptive: bool = True  # the embedded engine's --adaptive-budget rule (srtcli/engine.py)
+    shared: bool = True  # also draft from a run-wide tree (--shared-tree, srtcli/drafters/srt.py)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
@@ -121,6 +123,7 @@ class TreeDrafts:
         self.groups: dict[str, _Group] = {}
         self.rows: dict[int, _Seq] = {}
         self.pending: dict[str, TokenTree] = {}
+        self.shared = TokenTree(max_depth=SHARED_DEPTH) if table.shared else None
         self.c = Counters()
 
     # --- identification -------------------------------------------------------------------
@@ -145,6 +148,8 @@ class TreeDrafts:
         g = self._group(uid)
         plen = len(self.table.prompts[uid])
         streams = (g.tree.stream(), g.delta.stream())
+        if self.shared is not None:
+            streams += (self.shared.stream(),)
         anchor = [self.table.prompts[uid][-1]]
         for s in streams:
             s.extend(anchor)
@@ -237,7 +242,7 @@ class TreeDrafts:
         if room <= 0:
             return []
         ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(DEPTH - 1):].tolist()
-        toks = s.group.tree.draft(ctx, budget=room, min_prob=self.table.min_prob).tokens
+        toks = best_draft(s.group.tree, self.shared, ctx, room, self.table.min_prob)[1].tokens
         if toks:
             self.c.drafted_rows += 1
             self.c.drafted_tokens += len(toks)
@@ -253,6 +258,7 @@ class TreeDrafts:
             self._retire(s.uid)
 
     def _retire(self, uid: str) -> None:
+        bound_shared(self.shared)
         g = self.groups.pop(uid)
         if g.delta.mass > 0:
             self.pending[uid] = g.delta

@@ -60,6 +60,27 @@ def expected_length(probs: list[float]) -> float:
     return total
 
 
+def best_draft(tree: TokenTree, shared: TokenTree | None, ctx: list[int], budget: int,
+               min_prob: float) -> tuple[TokenTree, Any]:
+    """The most frequent path from the prompt's tree, or from the run-wide tree when that one
+    expects to be accepted for longer; returns the tree drafted from and its `Draft`. Depends on
+    the context and the trees only, so verification stays exact."""
+    best = tree.draft(ctx, budget=budget, min_prob=min_prob)
+    if shared is not None:
+        other = shared.draft(ctx[-SHARED_DEPTH:], budget=budget, min_prob=min_prob)
+        if expected_length(other.probs) > expected_length(best.probs):
+            return shared, other
+    return tree, best
+
+
+def bound_shared(shared: TokenTree | None) -> None:
+    """Keep the run-wide tree's memory bounded on long runs: past SHARED_MAX_NODES nodes,
+    halve its counts and drop what falls below 1 (substrings seen once), as the cache's
+    decay does."""
+    if shared is not None and shared.nodes > SHARED_MAX_NODES:
+        shared.scale(0.5, floor=1.0)
+
+
 class SrtDrafter(Drafter):
     name = "srt"
 
@@ -102,11 +123,7 @@ class SrtDrafter(Drafter):
     def propose(self, seq: Any, budget: int) -> Proposal:
         tree = seq.drafter_state[0]
         ctx = ([seq.prompt_ids[-1]] + seq.output)[-DEPTH:]
-        best = tree.draft(ctx, budget=budget, min_prob=self.min_prob)
-        if self.shared is not None:
-            other = self.shared.draft(ctx[-SHARED_DEPTH:], budget=budget, min_prob=self.min_prob)
-            if expected_length(other.probs) > expected_length(best.probs):
-                tree, best = self.shared, other
+        tree, best = best_draft(tree, self.shared, ctx, budget, self.min_prob)
         if self.mode == "greedy":
             return Proposal(best.tokens)
         return self._sample(tree, ctx[-tree.max_depth:], budget)
@@ -135,19 +152,12 @@ class SrtDrafter(Drafter):
         seq.drafter_state = None
 
     def group_done(self, uid: str) -> None:
-        self._bound()
+        bound_shared(self.shared)
         g = self.groups.pop(uid, None)
         if g is not None and g.delta.mass > 0:
             self._pending[uid] = g.delta
             if len(self._pending) >= self.commit_every:
                 self.flush()
-
-    def _bound(self) -> None:
-        """Keep the run-wide tree's memory bounded on long runs: past SHARED_MAX_NODES nodes,
-        halve its counts and drop what falls below 1 (substrings seen once), as the cache's
-        decay does."""
-        if self.shared is not None and self.shared.nodes > SHARED_MAX_NODES:
-            self.shared.scale(0.5, floor=1.0)
 
     def flush(self) -> None:
         """Merge the deltas of finished groups into LMDB in one transaction."""

@@ -229,3 +229,15 @@ def test_draft_length_adapts_to_what_the_row_accepted():
     ids[1, 5] = 30
     num[1] += 1
     assert len(fixed.propose([[31], [30]], num, ids)[1]) == 4
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_row_drafts_from_the_run_wide_tree_as_the_embedded_drafter_does(shared):
+    d = TreeDrafts(Table(None, PROMPTS, 3, MAX_NEW, [EOS], shared=shared), budget=4, max_model_len=64)
+    a, c = PROMPTS["uid-a"], PROMPTS["uid-c"]
+    ids = np.zeros((2, 64), dtype=np.int64)
+    ids[0, : len(a) + 5] = a + [30, 31, 32, 33, 34]  # prompt a's row has generated 30 31 32 33 34
+    ids[1, : len(c) + 1] = c + [30]  # prompt c's row: its own tree has nothing after 30
+    num = np.array([len(a) + 5, len(c) + 1])
+    out = d.propose([[34], [30]], num, ids)[1]
+    assert out == ([31, 32, 33, 34] if shared else [])
