@@ -50,6 +50,8 @@ CONFIGS = {
     "srt-greedy": dict(draft="srt", run_ahead=False, draft_mode="greedy"),
     "srt-fixed": dict(draft="srt", run_ahead=False, adaptive=False),
     "srt-prompt-only": dict(draft="srt", run_ahead=False, shared_tree=False),
+    "srt-tree": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=2),
+    "srt-tree-wide": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=4),
     "srt-adaptive": dict(draft="srt", run_ahead=False, adaptive=True),
 }
 # `srt` takes the device's default draft length (adaptive on CPU, fixed on CUDA): the default
@@ -143,7 +145,7 @@ def report_vllm(results: dict, names: list[str], epochs: int) -> None:
 def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path) -> dict:
     return dict(prompts_path=str(prompts), model=str(model), k=args.n, max_new_tokens=args.max_new_tokens,
                 temperature=args.temperature, top_p=1.0, top_k=0, seed=args.seed, draft=cfg["draft"],
-                budget=args.budget, min_prob=args.min_prob, draft_mode=cfg.get("draft_mode", "sample"),
+                budget=args.budget * cfg.get("budget_scale", 1), min_prob=args.min_prob, draft_mode=cfg.get("draft_mode", "sample"),
                 cache_opt=str(cache), out=str(out), batch_size=args.batch_size,
                 rollout_batch=args.rollout_batch, run_ahead=cfg["run_ahead"],
                 run_ahead_tokens=args.run_ahead_tokens, tools="calculator" if args.tools else None,

@@ -42,6 +42,7 @@ from srtcli.drafters import Drafter, Proposal
 from srtcli.sampling import SamplingParams, sample, shape_probs
 # SlotKVCache is also imported from here by callers (`from srtcli.engine import SlotKVCache`)
 from srtcli.slot_cache import Packed, SlotKVCache, layout, packed_attention
+from srtcli.tree_verify import accepted_moves, tree_layout, walk_tree
 from srtcli.verify import verify_drafts
 
 
@@ -233,17 +234,22 @@ class Engine:
         prop = self.drafter.propose(seq, room)
         return prop.truncate(room)
 
-    def _adapt(self, seq: Sequence, drafted: int, a: int) -> None:
+    def _adapt(self, seq: Sequence, drafted: int, a: int, tree: bool = False) -> None:
         """Next draft length from this step's outcome: grow after a fully accepted draft,
         shrink to what was accepted (+1) after a rejection. It depends only on past outcomes,
         so verification stays exact; on a compute-bound device it stops paying for tokens
         that keep being rejected."""
-        if not self.adaptive or drafted == 0:
+        if not self.adaptive or drafted == 0 or tree:  # a tree is never wholly accepted
             return
         seq.spec_len = min(self.budget, seq.spec_len + 2) if a == drafted else max(1, a + 1)
 
     def _run(self, rows: list[Sequence], props: list[Proposal]) -> list[Sequence]:
         p = self._forward(rows, props)
+        for r, s in enumerate(rows):
+            if s.cache_len == 0:  # a prefill: remember p after this prompt for prefix sharing
+                self._prompts[tuple(s.tokens)] = (p[r, 0], [s])
+        if any(pr.parents is not None for pr in props):
+            return self._verify_trees(rows, props, p)
         b, kk, vocab = p.shape
         n = kk - 1
         draft = torch.zeros((b, max(n, 1)), dtype=torch.long)
@@ -269,9 +275,6 @@ class Engine:
             q_tok, q_dist = q_tok.to(self.device), q_dist.to(self.device)
         draft, dlen, sampled = draft.to(self.device), dlen.to(self.device), sampled.to(self.device)
         v = verify_drafts(p, draft[:, :n], dlen, self.gen, sampled, q_tok, q_dist)
-        for r, s in enumerate(rows):
-            if s.cache_len == 0:  # a prefill: remember p after this prompt for prefix sharing
-                self._prompts[tuple(s.tokens)] = (p[r, 0], [s])
         # emitted tokens per row: draft[:a] then the final one; their log-probs under p
         ar = torch.arange(kk, device=self.device)[None, :]
         padded = torch.cat([draft[:, :n], torch.zeros((b, 1), dtype=torch.long, device=self.device)], 1)
@@ -285,6 +288,33 @@ class Engine:
                 done.append(seq)
         return done
 
+    def _verify_trees(self, rows: list[Sequence], props: list[Proposal], p: torch.Tensor) -> list[Sequence]:
+        """Walk every row's tree with one draw per node (srtcli/tree_verify.py), move the
+        accepted nodes' KV to consecutive columns, and apply the emitted tokens."""
+        x = sample(p, self.gen).tolist()
+        walks = [walk_tree(x[r], pr.tokens, pr.parents or list(range(-1, len(pr.tokens) - 1)))
+                 for r, pr in enumerate(props)]
+        ri, ki, ti, moves = [], [], [], ([], [], [])
+        for r, (seq, pr, (path, final)) in enumerate(zip(rows, props, walks)):
+            at = [0] + [1 + n for n in path]
+            ri += [r] * len(at)
+            ki += at
+            ti += [pr.tokens[n] for n in path] + [final]
+            base = len(seq.tokens)  # column of the row's first draft node
+            for src, dst in accepted_moves(base, path):
+                moves[0].append(seq.slot), moves[1].append(src), moves[2].append(dst)
+        if moves[0]:
+            self.cache.move(*moves)
+        lps = p[ri, ki, ti].clamp_min(1e-38).log().tolist()
+        done, i = [], 0
+        for r, (seq, pr, (path, final)) in enumerate(zip(rows, props, walks)):
+            a = len(path)
+            emitted = [pr.tokens[n] for n in path] + [final]
+            if self._apply(seq, len(pr.tokens), a, emitted, lps[i: i + a + 1], tree=pr.parents is not None):
+                done.append(seq)
+            i += a + 1
+        return done
+
     def _forward(self, rows: list[Sequence], props: list[Proposal]) -> torch.Tensor:
         """One forward of pending + draft tokens for `rows`; shaped p aligned so that
         p[r, k] is the distribution after the row's pending tokens and k draft tokens
@@ -293,7 +323,10 @@ class Engine:
         lens = [len(x) for x in inputs]
         dls = [len(pr.tokens) for pr in props]
         b, keep, dev = len(rows), max(dls) + 1, self.device
-        if self._attn is None or b * max(lens) - sum(lens) < PACK_MIN_PADDING:
+        trees = any(pr.parents is not None for pr in props)
+        if trees and self._attn is None:
+            raise ValueError("tree drafts need the model's sdpa or eager attention (srt_slots replaces it)")
+        if self._attn is None or (not trees and b * max(lens) - sum(lens) < PACK_MIN_PADDING):
             return self._forward_padded(rows, inputs, dls)
         # Packed: the model runs on the T real tokens only ([1, T]); our attention function
         # lays the queries out per attention row. With at least half the slots live, the
@@ -304,6 +337,9 @@ class Engine:
         na = nslots if 2 * b >= nslots else b
         lay = layout(lens, [s.cache_len for s in rows], arow, na)
         mask = self._mask(lay.pos, lay.pad, lay.lcur)
+        posids = lay.flat
+        if trees:
+            posids = self._tree_mask(rows, props, lay, arow, mask)
         slot_idx = torch.tensor([s.slot for s in rows], dtype=torch.long)
         read = torch.arange(nslots) if na == nslots else slot_idx
         self.cache.prepare(read.to(dev), slot_idx[lay.tok_row][None].to(dev), lay.flat[None].to(dev),
@@ -314,9 +350,27 @@ class Engine:
         out_off = torch.tensor([0] + [d + 1 for d in dls[:-1]]).cumsum(0)
         pick = out_off[:, None] + torch.minimum(torch.arange(keep)[None, :], torch.tensor(dls)[:, None])
         ids = torch.tensor([[t for x in inputs for t in x]])
-        logits = self._model_forward(ids, lay.flat[None], mask, need,
+        logits = self._model_forward(ids, posids[None], mask, need,
                                      Packed(lay.gather, lay.scatter, na, lay.q), rows)[0]
         return shape_probs(logits, self.params).index_select(0, pick.flatten().to(dev)).view(b, keep, -1)
+
+    def _tree_mask(self, rows: list[Sequence], props: list[Proposal], lay: Any, arow: list[int],
+                   mask: torch.Tensor) -> torch.Tensor:
+        """Tree rows: each node at the position of its depth, hiding the earlier nodes that are
+        not its ancestors (in `mask`, in place); returns the position ids of all tokens."""
+        posids = lay.flat.clone()
+        hidden = torch.finfo(mask.dtype).min
+        for r, (seq, pr) in enumerate(zip(rows, props)):
+            if pr.parents is None or not pr.tokens:
+                continue
+            pending, n = len(seq.tokens) - seq.cache_len, len(pr.tokens)
+            pos, sees = tree_layout(seq.cache_len, pending, pr.parents)
+            first = int(lay.first[r])
+            posids[first: first + len(pos)] = torch.tensor(pos)
+            q0, c0 = int(lay.pad[arow[r]]) + pending, len(seq.tokens)  # first node's query, column
+            block = torch.full((n, n), hidden, dtype=mask.dtype).masked_fill_(torch.from_numpy(sees), 0.0)
+            mask[arow[r], 0, q0: q0 + n, c0: c0 + n] = block
+        return posids
 
     def _forward_padded(self, rows: list[Sequence], inputs: list[list[int]], dls: list[int]) -> torch.Tensor:
         """Rows left-padded to a common length, padding writes to the trash column: for
@@ -384,7 +438,8 @@ class Engine:
         own. Columns past a row's valid length (rejected drafts, other rows' padding) hide."""
         return keys[None, None, :] <= pos[:, :, None]
 
-    def _apply(self, seq: Sequence, drafted: int, a: int, emitted: list[int], lps: list[float]) -> bool:
+    def _apply(self, seq: Sequence, drafted: int, a: int, emitted: list[int], lps: list[float],
+               tree: bool = False) -> bool:
         """Append a row's emitted tokens, apply the stop rules; True if the sequence finished."""
         old_len = len(seq.tokens)
         kv_valid = old_len + a  # pending tokens and the accepted drafts now have KV
@@ -405,7 +460,7 @@ class Engine:
         seq.mask += [1] * cut
         seq.generated += cut
         seq.cache_len = min(kv_valid, len(seq.tokens))
-        self._adapt(seq, drafted, a)
+        self._adapt(seq, drafted, a, tree)
         if not seq.runahead:
             seq.forwards += 1
             seq.drafted += drafted

@@ -136,8 +136,9 @@ def tool_hooks(tok: Any, tool: str):
 @click.option("--budget", type=click.IntRange(min=0), default=8, show_default=True, help="Max draft tokens per step.")
 @click.option("--min-prob", type=click.FloatRange(0.0, 1.0), default=0.1, show_default=True,
               help="srt: stop a draft when its path probability falls below this.")
-@click.option("--draft-mode", type=click.Choice(["greedy", "sample"]), default="sample", show_default=True,
-              help="srt: follow the most frequent child (point mass) or sample children (ratio rule).")
+@click.option("--draft-mode", type=click.Choice(["greedy", "sample", "tree"]), default="sample", show_default=True,
+              help="srt: follow the most frequent child (point mass), sample children (ratio rule), or "
+                   "verify a tree of --budget candidate nodes (embedded engine; docs/rollout.md).")
 @click.option("--shared-tree/--no-shared-tree", default=True, show_default=True,
               help="srt: also draft from one run-wide tree over every prompt's outputs "
                    "when it predicts more than the prompt's own tree (docs/rollout.md).")

@@ -130,6 +130,16 @@ class SlotKVCache(Cache):
             self.k[layer][dst, :, :n] = self.k[layer][src, :, :n]
             self.v[layer][dst, :, :n] = self.v[layer][src, :, :n]
 
+    @torch.inference_mode()
+    def move(self, slots: list[int], src: list[int], dst: list[int]) -> None:
+        """Copy the keys/values at (slots[i], src[i]) to (slots[i], dst[i]) in every layer
+        (accepted tree nodes to the columns a chain of them would have)."""
+        dev = next(iter(self.k.values())).device
+        sl, s, d = (torch.tensor(x, device=dev) for x in (slots, src, dst))
+        for layer in self.k:
+            for buf in (self.k[layer], self.v[layer]):
+                buf[sl, :, d] = buf[sl, :, s]  # the gather copies before the write
+
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0  # positions are always passed explicitly
 

@@ -13,6 +13,7 @@ pending) and `close()` at the end.
 
 A `Proposal` with `q=None` is deterministic (verified as a point mass); one with `q` set was
 *sampled* from the distributions in `dists` (verified with the ratio rule). See srtcli/verify.py.
+One with `parents` set is a tree of deterministic candidates (srtcli/tree_verify.py).
 """
 
 from __future__ import annotations
@@ -23,18 +24,22 @@ from typing import Any
 
 @dataclass
 class Proposal:
-    """Draft tokens for one sequence; `q`/`dists` only when they were sampled."""
+    """Draft tokens for one sequence; `q`/`dists` only when they were sampled; `parents` only
+    for a tree (node i's parent, -1 for the root's children; parents before children)."""
 
     tokens: list[int]
     q: list[float] | None = None
     dists: list[dict[int, float]] | None = None
+    parents: list[int] | None = None
 
     def truncate(self, n: int) -> "Proposal":
+        """The first n tokens (for a tree: the first n nodes, still a tree)."""
         if len(self.tokens) <= n:
             return self
         q = None if self.q is None else self.q[:n]
         dists = None if self.dists is None else self.dists[:n]
-        return Proposal(self.tokens[:n], q, dists)
+        parents = None if self.parents is None else self.parents[:n]
+        return Proposal(self.tokens[:n], q, dists, parents)
 
 
 class Drafter:

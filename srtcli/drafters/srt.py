@@ -12,10 +12,12 @@ Each sequence is streamed into the trees starting with the prompt's last token (
 a sample can be drafted from its very first token. Run-ahead sequences are ordinary sequences
 of a future group: their tokens reach that group's trees and nothing else.
 
-Two exact ways to draft (see srtcli/verify.py):
+Three exact ways to draft (see srtcli/verify.py, srtcli/tree_verify.py):
 - `mode="greedy"`: follow the most frequent child (`TokenTree.draft`); a point mass.
 - `mode="sample"`: sample each child in proportion to its count among the children the tree
   lists (`TokenTree.draft_tree`), recording q; verified with the ratio rule.
+- `mode="tree"`: the best-first draft tree itself (`TokenTree.draft_tree`, `budget` nodes),
+  verified as a tree: several candidates per position in one forward.
 bench/rollout_bench.py measures both (`srt` = sample, `srt-greedy`); sampling accepted more
 tokens per forward on the bundled workload, so it is the default.
 """
@@ -30,6 +32,7 @@ from cache_store.trie import TokenTree
 from srtcli.drafters import Drafter, Proposal
 
 DEPTH = 64
+MODES = ("greedy", "sample", "tree")
 SHARED_DEPTH = 24  # the run-wide tree: SuffixDecoding's global-tree depth
 SHARED_MAX_NODES = 1 << 21  # then the run-wide tree drops what was seen once (see `_bound`)
 
@@ -86,8 +89,8 @@ class SrtDrafter(Drafter):
 
     def __init__(self, store: Any = None, min_prob: float = 0.1, mode: str = "sample", seed: int = 0,
                  commit_every: int = 8, shared: bool = True):
-        if mode not in ("greedy", "sample"):
-            raise ValueError("mode must be 'greedy' or 'sample'")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}")
         self.store, self.min_prob, self.mode = store, min_prob, mode
         # every output of this run, all prompts mixed (not persisted): drafts where the prompt's
         # own tree knows less (a cold prompt; text shared across prompts)
@@ -126,6 +129,9 @@ class SrtDrafter(Drafter):
         tree, best = best_draft(tree, self.shared, ctx, budget, self.min_prob)
         if self.mode == "greedy":
             return Proposal(best.tokens)
+        if self.mode == "tree":
+            dt = tree.draft_tree(ctx[-tree.max_depth:], budget=budget, min_prob=self.min_prob)
+            return Proposal(dt.tokens, parents=dt.parents)
         return self._sample(tree, ctx[-tree.max_depth:], budget)
 
     def _sample(self, tree: TokenTree, ctx: list[int], budget: int) -> Proposal:
