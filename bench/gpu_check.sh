@@ -50,6 +50,6 @@ timeout 200 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --too
 
 step "rollout bench, CUDA, batch 8"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 16 --epochs 3 --tools -n 8 --max-new-tokens 96 \
-    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-adaptive \
+    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-adaptive,srt-tree,srt-tree-wide \
     --json-out "$OUT/rollout_${DEV}_b8.json" 2>&1 | tee "$OUT/rollout_${DEV}_b8.log" | tail -20
 step done

@@ -28,6 +28,10 @@ How the pieces fit:
 - Prefix sharing: the K samples of a prompt prefill it once (`_share_prompts`); the others
   copy its KV and sample their first token from the kept distribution after the prompt.
 - Adaptive draft length per sequence (`_adapt`), from past outcomes only.
+- Tree drafts (`Proposal.parents`, srtcli/tree_verify.py): the nodes follow the pending tokens,
+  each at the position of its depth and seeing only its ancestors (always a packed forward);
+  verification walks one draw from p per node, and the accepted nodes' KV moves to the
+  columns a chain of them would have had.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from srtcli.drafters import Drafter, Proposal
 from srtcli.sampling import SamplingParams, sample, shape_probs
 # SlotKVCache is also imported from here by callers (`from srtcli.engine import SlotKVCache`)
 from srtcli.slot_cache import Packed, SlotKVCache, layout, packed_attention
-from srtcli.tree_verify import accepted_moves, tree_layout, walk_tree
+from srtcli.tree_verify import accepted_moves, mask_trees, walk_tree
 from srtcli.verify import verify_drafts
 
 
@@ -339,7 +343,8 @@ class Engine:
         mask = self._mask(lay.pos, lay.pad, lay.lcur)
         posids = lay.flat
         if trees:
-            posids = self._tree_mask(rows, props, lay, arow, mask)
+            trees_rows = [(len(q.tokens) - q.cache_len, q.cache_len, pr.parents) for q, pr in zip(rows, props)]
+            posids = mask_trees(trees_rows, lay, arow, mask)
         slot_idx = torch.tensor([s.slot for s in rows], dtype=torch.long)
         read = torch.arange(nslots) if na == nslots else slot_idx
         self.cache.prepare(read.to(dev), slot_idx[lay.tok_row][None].to(dev), lay.flat[None].to(dev),
@@ -353,24 +358,6 @@ class Engine:
         logits = self._model_forward(ids, posids[None], mask, need,
                                      Packed(lay.gather, lay.scatter, na, lay.q), rows)[0]
         return shape_probs(logits, self.params).index_select(0, pick.flatten().to(dev)).view(b, keep, -1)
-
-    def _tree_mask(self, rows: list[Sequence], props: list[Proposal], lay: Any, arow: list[int],
-                   mask: torch.Tensor) -> torch.Tensor:
-        """Tree rows: each node at the position of its depth, hiding the earlier nodes that are
-        not its ancestors (in `mask`, in place); returns the position ids of all tokens."""
-        posids = lay.flat.clone()
-        hidden = torch.finfo(mask.dtype).min
-        for r, (seq, pr) in enumerate(zip(rows, props)):
-            if pr.parents is None or not pr.tokens:
-                continue
-            pending, n = len(seq.tokens) - seq.cache_len, len(pr.tokens)
-            pos, sees = tree_layout(seq.cache_len, pending, pr.parents)
-            first = int(lay.first[r])
-            posids[first: first + len(pos)] = torch.tensor(pos)
-            q0, c0 = int(lay.pad[arow[r]]) + pending, len(seq.tokens)  # first node's query, column
-            block = torch.full((n, n), hidden, dtype=mask.dtype).masked_fill_(torch.from_numpy(sees), 0.0)
-            mask[arow[r], 0, q0: q0 + n, c0: c0 + n] = block
-        return posids
 
     def _forward_padded(self, rows: list[Sequence], inputs: list[list[int]], dls: list[int]) -> torch.Tensor:
         """Rows left-padded to a common length, padding writes to the trash column: for

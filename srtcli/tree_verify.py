@@ -23,7 +23,10 @@ After the walk the accepted nodes' keys/values are moved to consecutive cache co
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import torch
 
 
 def depths(parents: list[int]) -> list[int]:
@@ -69,3 +72,24 @@ def accepted_moves(base: int, path: list[int]) -> list[tuple[int, int]]:
     """(from column, to column) for the accepted nodes that are not already where a chain of
     them would be (node path[j] to column base + j)."""
     return [(base + n, base + j) for j, n in enumerate(path) if n != j]
+
+
+def mask_trees(rows: list[tuple[int, int, list[int] | None]], lay: Any, arow: list[int],
+               mask: torch.Tensor) -> torch.Tensor:
+    """For a packed forward (`srtcli.slot_cache.layout` maps `lay`, input row r in attention
+    row arow[r]) whose rows are (pending tokens, cache length, tree parents or None): hide in
+    the additive `mask` (in place) the earlier nodes that are not ancestors, and return the
+    position ids of all tokens, each node at the position of its depth."""
+    posids = lay.flat.clone()
+    hidden = torch.finfo(mask.dtype).min
+    for r, (pending, start, parents) in enumerate(rows):
+        if not parents:
+            continue
+        n = len(parents)
+        pos, sees = tree_layout(start, pending, parents)
+        first = int(lay.first[r])
+        posids[first: first + len(pos)] = torch.tensor(pos)
+        q0, c0 = int(lay.pad[arow[r]]) + pending, start + pending  # the first node's query and column
+        block = torch.full((n, n), hidden, dtype=mask.dtype).masked_fill_(torch.from_numpy(sees), 0.0)
+        mask[arow[r], 0, q0: q0 + n, c0: c0 + n] = block
+    return posids

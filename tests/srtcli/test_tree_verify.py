@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import srtcli.engine as engine_mod
+import srtcli.tree_verify as tree_mod
 from srtcli.drafters import Drafter, Proposal
 from srtcli.drafters.srt import SrtDrafter
 from srtcli.engine import Engine, Sequence
@@ -90,9 +91,9 @@ def _column_positions(start, pending, parents):
 @pytest.mark.parametrize("break_it", ["no sibling hiding", "column positions", "no KV moves"])
 def test_each_broken_part_of_tree_verification_changes_the_output(break_it, monkeypatch):
     if break_it == "no sibling hiding":
-        monkeypatch.setattr(engine_mod, "tree_layout", _no_hiding)
+        monkeypatch.setattr(tree_mod, "tree_layout", _no_hiding)
     elif break_it == "column positions":
-        monkeypatch.setattr(engine_mod, "tree_layout", _column_positions)
+        monkeypatch.setattr(tree_mod, "tree_layout", _column_positions)
     else:
         monkeypatch.setattr(engine_mod, "accepted_moves", lambda base, path: [])
     _, same = oracle_run("llama")
