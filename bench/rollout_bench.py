@@ -245,8 +245,9 @@ def main() -> None:
             o["seed"] = args.seed + epoch  # fresh samples every epoch, as in RL (never replay an epoch)
             s = run_rollout(**o)
             results[name].append(s)
+            host = 1000 * (s["wall_s"] - s["model_s"]) / max(s["target_forwards"], 1)
             print(f"epoch {epoch} {name:14s} wall {s['wall_s']:7.2f}s  cpu {s['cpu_s']:7.2f}s  "
-                  f"{s['tokens_per_s']:7.1f} tok/s  "
+                  f"{s['tokens_per_s']:7.1f} tok/s  model {s['model_s']:6.2f}s  host/forward {host:5.2f} ms  "
                   f"accepted/forward {s['accepted_per_forward']:.3f}  acceptance {s['draft_acceptance_rate']:.3f}  "
                   f"run-ahead {s['run_ahead_tokens']}", flush=True)
     ref = hf_generate(args, model, prompts)

@@ -37,6 +37,7 @@ How the pieces fit:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -103,6 +104,7 @@ class EngineStats:
     drafted: int = 0
     accepted: int = 0
     runahead_tokens: int = 0
+    model_s: float = 0.0  # wall seconds inside the model's forward (CUDA: synchronised)
 
 
 StopFn = Callable[[Sequence, list[int]], "int | None"]
@@ -402,6 +404,7 @@ class Engine:
         if packed is not None:
             packed = Packed(packed.gather.to(dev), packed.scatter.to(dev), packed.b, packed.q)
             keep = keep.to(dev)
+        t0 = time.perf_counter()
         try:
             with packed_attention(packed):
                 out = self._call_model(
@@ -410,6 +413,9 @@ class Engine:
                 )
         finally:
             cfg._attn_implementation = saved
+        if dev.type == "cuda":  # the host syncs at the next .tolist() anyway: time the GPU work here
+            torch.cuda.synchronize(dev)
+        self.stats.model_s += time.perf_counter() - t0
         self.stats.all_forwards += 1
         if any(not s.runahead for s in rows):
             self.stats.forwards += 1

@@ -383,6 +383,7 @@ def _summary(engine: Any, drafter: Any, wall: float, n_prompts: int, skipped: in
         "draft_acceptance_rate": round(st.accepted / st.drafted, 4) if st.drafted else 0.0,
         "run_ahead_tokens": st.runahead_tokens,
         "cache_hit_rate": round(ds["cache_hit_rate"], 4) if "cache_hit_rate" in ds else None,
+        "model_s": round(st.model_s, 3),
         "drafted_tokens": st.drafted,
         "accepted_draft_tokens": st.accepted,
         "prompts": n_prompts,
