@@ -251,6 +251,9 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
     from srtcli.sampling import SamplingParams
 
     k = o["k"]
+    if o["draft"] == "srt" and o["draft_mode"] == "tree" and model.config._attn_implementation not in ("sdpa", "eager"):
+        raise SrtError(f"--draft-mode tree needs the model's sdpa or eager attention, not "
+                       f"{model.config._attn_implementation}")
     pl = plan(o, tok, prompts)
     uids, reward_fn, out, skip, todo = pl.uids, pl.reward_fn, pl.out, pl.skip, pl.todo
     store = _open_store(o) if o["draft"] == "srt" else None

@@ -72,12 +72,17 @@ def test_pool_is_valid_and_old_logprobs_are_the_shaped_policy(tmp_path, model_di
 
 def test_greedy_is_identical_for_every_drafter(tmp_path, model_dir):
     pools = {}
-    for d in ("none", "ngram", "suffix", "srt"):
-        summary(roll(tmp_path, model_dir, "-n", "2", "--temperature", "0", "--max-new-tokens", "24",
-                     "--draft", d, out=f"pool-{d}"))
-        steps = read_pool(tmp_path / f"pool-{d}")  # groups are written in the order they finish
-        pools[d] = sorted((st.meta["prompt_id"], st.meta["sample"], st.input_ids) for st in steps)
-    assert pools["none"] == pools["ngram"] == pools["suffix"] == pools["srt"]
+    runs = {d: ("--draft", d) for d in ("none", "ngram", "suffix", "srt")}
+    runs["srt-tree"] = ("--draft", "srt", "--draft-mode", "tree", "--budget", "12", "--min-prob", "0")
+    runs["srt-alone"] = ("--draft", "srt", "--no-shared-tree", "--fixed-budget")
+    for name, flags in runs.items():
+        s = summary(roll(tmp_path, model_dir, "-n", "2", "--temperature", "0", "--max-new-tokens", "24",
+                         *flags, out=f"pool-{name}", cache=f"cache-{name}"))
+        steps = read_pool(tmp_path / f"pool-{name}")  # groups are written in the order they finish
+        pools[name] = sorted((st.meta["prompt_id"], st.meta["sample"], st.input_ids) for st in steps)
+        if name != "none":
+            assert s["accepted_draft_tokens"] > 0, name
+    assert all(pool == pools["none"] for pool in pools.values())
 
 
 def test_a_second_run_on_the_same_cache_accepts_more(tmp_path, model_dir):
