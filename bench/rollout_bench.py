@@ -149,7 +149,7 @@ def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path)
                 cache_opt=str(cache), out=str(out), batch_size=args.batch_size,
                 rollout_batch=args.rollout_batch, run_ahead=cfg["run_ahead"],
                 run_ahead_tokens=args.run_ahead_tokens, tools="calculator" if args.tools else None,
-                reward=None, device=args.device, threads=1, resume=False, as_json=True,
+                reward=None, device=args.device, threads=args.threads, resume=False, as_json=True,
                 adaptive_budget=False if args.fixed_budget else cfg.get("adaptive"),
                 shared_tree=cfg.get("shared_tree", True))
 
@@ -161,7 +161,8 @@ def hf_generate(args, model_path: Path, prompts: Path) -> dict:
     from srtcli.models import load_model_and_tokenizer
     from srtcli.prompts import read_prompts
 
-    torch.set_num_threads(1)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, tok = load_model_and_tokenizer(model_path)
     dev = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
     model.to(dev)
@@ -208,6 +209,8 @@ def main() -> None:
     ap.add_argument("--run-ahead-tokens", type=int, default=32)
     ap.add_argument("--tools", action="store_true", help="run the calculator tool")
     ap.add_argument("--fixed-budget", action="store_true", help="no adaptive draft length for any config")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads for every config and HF generate "
+                    "(0 = torch's default)")
     ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
                     help="embedded engine's device (the draft-length default follows it: adaptive on CPU)")
     ap.add_argument("--configs", help=f"any of {','.join(CONFIGS)} (default: all but the one equal to srt on "
