@@ -9,7 +9,9 @@
 #   2. runs the engine's exactness tests on CUDA (SRT_TEST_DEVICE=cuda: greedy identity for every
 #      drafter, chi-square sampling tests) and the CUDA-only FlexAttention test;
 #   3. runs bench/rollout_bench.py with the embedded engine on CUDA (bundled workload, K = 8,
-#      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs.
+#      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs;
+#   4. profiles epoch 3 of none and srt (cProfile): on a GPU the 1.2M-parameter model leaves
+#      host Python as the likely bottleneck, and this says where it goes.
 #
 # Prepare here (the GPU machine reaches no package index), once per checkout:
 #     echo /.whl/ >> .git/info/exclude
@@ -34,23 +36,26 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
     export PYTHONPATH=$PWD
 fi
-$PY setup.py -q build_ext --inplace >"$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
+$PY setup.py -q build_ext --inplace >/tmp/srt-build.log 2>&1 || { cat /tmp/srt-build.log; exit 1; }
 { nvidia-smi; $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', 'transformers', transformers.__version__)"; } \
     2>&1 | tee "$OUT/env.txt"
 
-step "exactness tests on CUDA"
+step "exactness tests on $DEV"
 SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider \
     tests/srtcli/test_engine.py tests/srtcli/test_engine_sampling.py tests/srtcli/test_tree_verify.py \
     tests/attention/test_masks.py 2>&1 \
     | tee "$OUT/tests_$DEV.log" | tail -15
 
-step "rollout bench, CUDA, batch 32"
+step "rollout bench, $DEV, batch 32"
 timeout 200 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \
     --batch-size 32 --rollout-batch 8 --json-out "$OUT/rollout_${DEV}_b32.json" 2>&1 | tee "$OUT/rollout_${DEV}_b32.log" | tail -30
 
-step "rollout bench, CUDA, batch 8"
+step "rollout bench, $DEV, batch 8"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 16 --epochs 3 --tools -n 8 --max-new-tokens 96 \
     --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-adaptive,srt-tree,srt-tree-wide \
     --json-out "$OUT/rollout_${DEV}_b8.json" 2>&1 | tee "$OUT/rollout_${DEV}_b8.log" | tail -20
-step done
+step "profile: where a step's time goes (host Python vs the model), none and srt, batch 32"
+timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \
+    --batch-size 32 --rollout-batch 8 --configs none,srt --profile "$OUT/profile_${DEV}_b32" 2>&1 | grep "^epoch 3"
+step done  # 8 files in $OUT: the device tool brings back at most 8

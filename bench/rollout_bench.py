@@ -217,6 +217,8 @@ def main() -> None:
                     f"the device; vllm: {','.join(VLLM_CONFIGS)})")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json-out")
+    ap.add_argument("--profile", metavar="PREFIX", help="cProfile the last epoch of none and srt into "
+                    "PREFIX-none.txt / PREFIX-srt.txt (host vs model time; slows those two runs)")
     args = ap.parse_args()
     if args.temperature is None:
         args.temperature = 0.0 if args.engine == "vllm" else 1.0
@@ -246,7 +248,10 @@ def main() -> None:
         for name in names:
             o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / f"pool-{name}-{epoch}")
             o["seed"] = args.seed + epoch  # fresh samples every epoch, as in RL (never replay an epoch)
-            s = run_rollout(**o)
+            if args.profile and epoch == args.epochs and name in ("none", "srt"):
+                s = profiled(run_rollout, o, f"{args.profile}-{name}.txt")
+            else:
+                s = run_rollout(**o)
             results[name].append(s)
             host = 1000 * (s["wall_s"] - s["model_s"]) / max(s["target_forwards"], 1)
             print(f"epoch {epoch} {name:14s} wall {s['wall_s']:7.2f}s  cpu {s['cpu_s']:7.2f}s  "
@@ -264,6 +269,21 @@ def main() -> None:
     report(results, ref, names, args.epochs)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"results": results, "hf_generate": ref}, indent=1))
+
+
+def profiled(fn, o: dict, path: str) -> dict:
+    """Run fn(**o) under cProfile; write the top functions by cumulative and by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    out = prof.runcall(fn, **o)
+    buf = io.StringIO()
+    for key in ("cumulative", "tottime"):
+        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(45)
+    Path(path).write_text(buf.getvalue())
+    return out
 
 
 def speed(s: dict, by: str) -> float:
