@@ -138,9 +138,9 @@ def test_prompt_kv_registry_is_empty_after_a_run():
 def test_packed_forward_for_every_uneven_forward_is_token_identical(kind, monkeypatch):
     """With PACK_MIN_PADDING = 1 every forward with any padding runs packed ([1, T] input,
     index-mapped attention); greedy output must still equal plain greedy decoding."""
-    import srtcli.engine as engine_mod
+    import srtcli.forward as forward_mod
 
-    monkeypatch.setattr(engine_mod, "PACK_MIN_PADDING", 1)
+    monkeypatch.setattr(forward_mod, "PACK_MIN_PADDING", 1)
     packed, padded_pad = [], []
     model_forward, forward_padded = Engine._model_forward, Engine._forward_padded
 
