@@ -253,20 +253,21 @@ class Engine(Forwards):
         if n > 0:
             draft = torch.tensor([pr.tokens + [0] * (n - len(pr.tokens)) for pr in props], dtype=torch.long)
         if bool(sampled.any()):
-            q_tok = torch.ones((b, max(n, 1)))
-            q_dist = torch.zeros((b, max(n, 1), vocab))
-            ri, ki, ti, vals, qr, qk, qv = [], [], [], [], [], [], []
-            for r, pr in enumerate(props):
-                if sampled[r]:
-                    for k, (q, dist) in enumerate(zip(pr.q, pr.dists)):
-                        qr.append(r), qk.append(k), qv.append(q)
+            q_tok = torch.tensor([(pr.q or []) + [1.0] * (max(n, 1) - len(pr.q or [])) for pr in props])
+            q_tok = q_tok.to(self.device)
+
+            def q_dist(at: list[int]) -> torch.Tensor:
+                """Each sampled row's proposal distribution at its rejection position."""
+                ri, ti, vals = [], [], []
+                for r, (pr, k) in enumerate(zip(props, at)):
+                    if pr.q is not None and k < len(pr.tokens):
+                        dist = pr.dists[k]
                         ri += [r] * len(dist)
-                        ki += [k] * len(dist)
                         ti += dist.keys()
                         vals += dist.values()
-            q_tok[qr, qk] = torch.tensor(qv)
-            q_dist[ri, ki, ti] = torch.tensor(vals)
-            q_tok, q_dist = q_tok.to(self.device), q_dist.to(self.device)
+                q = torch.zeros((b, vocab))
+                q[ri, ti] = torch.tensor(vals)
+                return q.to(self.device)
         draft, dlen, sampled = draft.to(self.device), dlen.to(self.device), sampled.to(self.device)
         v = verify_drafts(p, draft[:, :n], dlen, self.gen, sampled, q_tok, q_dist)
         # emitted tokens per row: draft[:a] then the final one; their log-probs under p

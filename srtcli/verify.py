@@ -26,6 +26,7 @@ iff it equals the argmax and the emitted token is always the argmax.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -47,12 +48,14 @@ def verify_drafts(
     generator: torch.Generator | None = None,
     sampled: torch.Tensor | None = None,
     q_token: torch.Tensor | None = None,
-    q_dist: torch.Tensor | None = None,
+    q_dist: "torch.Tensor | Callable[[list[int]], torch.Tensor] | None" = None,
 ) -> Verdict:
     """Verify drafts. p: [b, K, V] shaped target probs (row r uses positions 0..d_r);
     draft: [b, K-1] token ids (padding ignored); draft_len: [b]; sampled: [b] bool, rows
     whose drafts were sampled from q; q_token: [b, K-1] q(x_k) for those rows;
-    q_dist: [b, K-1, V] their full proposal distributions (for the residual)."""
+    q_dist: [b, K-1, V] their full proposal distributions (for the residual), or a function
+    that, given each row's rejection position, returns just those rows [b, V] (the engine
+    builds only what a rejection needs)."""
     b, k_max, _ = p.shape
     rows = torch.arange(b, device=p.device)
     n = k_max - 1
@@ -77,7 +80,8 @@ def verify_drafts(
         point[rows, x] = 0.0
         residual = point
         if sampled is not None and bool(sampled.any()):
-            ratio_res = (dist - q_dist[rows, at]).clamp_min(0.0)
+            q_at = q_dist(at.tolist()) if callable(q_dist) else q_dist[rows, at]
+            ratio_res = (dist - q_at).clamp_min(0.0)
             residual = torch.where(sampled[:, None], ratio_res, point)
         # A residual of (numerically) zero mass only happens when p(x) was ~1 and the
         # uniform draw still fell above it; p itself is then the right fallback.
