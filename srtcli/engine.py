@@ -256,7 +256,7 @@ class Engine(Forwards):
             q_tok = torch.tensor([(pr.q or []) + [1.0] * (max(n, 1) - len(pr.q or [])) for pr in props])
             q_tok = q_tok.to(self.device)
 
-            def q_dist(at: list[int]) -> torch.Tensor:
+            def q_at(at: list[int]) -> torch.Tensor:
                 """Each sampled row's proposal distribution at its rejection position."""
                 ri, ti, vals = [], [], []
                 for r, (pr, k) in enumerate(zip(props, at)):
@@ -268,6 +268,8 @@ class Engine(Forwards):
                 q = torch.zeros((b, vocab))
                 q[ri, ti] = torch.tensor(vals)
                 return q.to(self.device)
+
+            q_dist = q_at
         draft, dlen, sampled = draft.to(self.device), dlen.to(self.device), sampled.to(self.device)
         v = verify_drafts(p, draft[:, :n], dlen, self.gen, sampled, q_tok, q_dist)
         # emitted tokens per row: draft[:a] then the final one; their log-probs under p

