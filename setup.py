@@ -1,7 +1,8 @@
-"""Declares the compiled core of the token tree; all other metadata lives in pyproject.toml.
+"""Declares the compiled cores of the token trees; all other metadata lives in pyproject.toml.
 
-`pip install -e .` (or a wheel build) compiles cache_store/csrc/*.c into cache_store._trie with
-the system C compiler and the Python headers; setuptools needs no extra build dependencies.
+`pip install -e .` (or a wheel build) compiles cache_store/csrc/*.c into cache_store._trie (the
+suffix trie) and cache_store._stree (the path-compressed suffix tree) with the system C compiler
+and the Python headers; setuptools needs no extra build dependencies.
 """
 
 import sys
@@ -11,6 +12,7 @@ from setuptools import Extension, setup
 # -ffp-contract=off: no fused multiply-add, so path scores are bit-identical to Python's floats.
 flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
 sources = [f"cache_store/csrc/{name}.c" for name in ("module", "nodes", "draft", "bytes")]
+stree_sources = [f"cache_store/csrc/stree_{name}.c" for name in ("module", "nodes", "flight", "insert", "draft", "dtree")]
 
 setup(
     ext_modules=[
@@ -20,6 +22,13 @@ setup(
             depends=["cache_store/csrc/trie.h"],
             include_dirs=["cache_store/csrc"],
             extra_compile_args=flags,
-        )
+        ),
+        Extension(
+            "cache_store._stree",
+            stree_sources,
+            depends=["cache_store/csrc/stree.h"],
+            include_dirs=["cache_store/csrc"],
+            extra_compile_args=flags,
+        ),
     ]
 )

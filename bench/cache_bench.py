@@ -3,6 +3,7 @@ added by the store's owner, the LMDB layer (bench_store). Not a test: it prints 
 their targets and ratios against baselines measured side by side in the same run.
 
     .venv/bin/python bench/cache_bench.py [--quick] [--json]
+    .venv/bin/python bench/cache_bench.py --scale [--quick] [--json]   # long-CoT scale, bench/cache_scale.py
 
 The tree workload: 16 rollouts of 2,000 tokens for one prompt, built as noisy copies of one base
 answer (substitutions, insertions, skips), the way K samples of one prompt resemble each other;
@@ -337,8 +338,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="a small workload (a smoke run)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--scale", action="store_true",
+                    help="today's trie, the suffix tree and ArcticInference at long-CoT scale (bench/cache_scale.py)")
+    ap.add_argument("--max-trie-tokens", type=int, default=200_000,
+                    help="with --scale: skip today's trie on workloads above this many tokens")
     args = ap.parse_args(argv)
     results: dict = {}
+    if args.scale:
+        from bench.cache_scale import bench_scale
+
+        results["scale"] = bench_scale(quick=args.quick, max_trie_tokens=args.max_trie_tokens)
+        if args.json:
+            print(json.dumps(results))
+        return
     results["tree"] = bench_tree(quick=args.quick, seed=args.seed)
     report_tree(results["tree"])
     results["store"] = bench_store(quick=args.quick, seed=args.seed)

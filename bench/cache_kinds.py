@@ -1,0 +1,195 @@
+"""The three trees `bench/cache_bench.py --scale` compares, behind one small interface.
+
+- `trie`: today's `TokenTree` persisted by `CacheStore` (a group keeps a delta tree beside
+  the loaded one, as the srt drafter does, and commits the delta);
+- `new`: the `SuffixTree` persisted by the sequence store (a commit appends the responses);
+- `arctic`: ArcticInference's suffix tree (`pip install '.[bench]'`), persisted the same way
+  as `new` (it has no store of its own), drafting with `speculate(max_spec_tokens=16)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+KINDS = ("trie", "new", "arctic")
+DEPTH = 64
+BUDGET = 16
+MIN_PROB = 0.1
+
+
+class Trie:
+    persists = True
+
+    def __init__(self) -> None:
+        from cache_store.trie import TokenTree
+
+        self.T = TokenTree
+        self.tree = TokenTree(DEPTH)
+
+    def stream_all(self, chunks: list[list[int]]) -> None:
+        s = self.tree.stream()
+        for c in chunks:
+            s.extend(c)
+
+    def memory_bytes(self) -> int:
+        return self.tree.memory_bytes()
+
+    def trim(self) -> None:
+        if hasattr(self.tree, "trim"):
+            self.tree.trim()
+
+    def draft(self, ctx: list[int]) -> Any:
+        return self.tree.draft(ctx, BUDGET, MIN_PROB)
+
+    def draft_tree(self, ctx: list[int]) -> Any:
+        return self.tree.draft_tree(ctx, BUDGET, MIN_PROB)
+
+    def open_store(self, path: str) -> Any:
+        from cache_store.store import CacheStore
+
+        return CacheStore.open(path)
+
+    def commit_responses(self, store: Any, uid: str, responses: list[np.ndarray]) -> None:
+        delta = self.T(DEPTH)
+        for r in responses:
+            delta.insert(r.tolist())
+        store.commit(self._uid(uid), delta)
+
+    def load(self, store: Any, uid: str) -> None:
+        self.tree = store.load(self._uid(uid)) or self.T(DEPTH)
+
+    def disk_bytes(self, store: Any, uid: str) -> int:
+        return len(store.raw_record(self._uid(uid)))
+
+    def close_store(self, store: Any) -> None:
+        store.close()
+
+    @staticmethod
+    def _uid(uid: str) -> str:
+        return uid.encode().hex().ljust(32, "0")[:32]
+
+    # the replay: a group is (tree, delta), a sample streams into both
+    def begin_group(self, store: Any, uid: str) -> Any:
+        self.load(store, uid)
+        return (self.tree, self.T(DEPTH))
+
+    def open_sample(self, group: Any) -> Any:
+        return (group[0].stream(), group[1].stream())
+
+    def extend_sample(self, sample: Any, tokens: list[int]) -> None:
+        sample[0].extend(tokens), sample[1].extend(tokens)
+
+    def draft_in(self, group: Any, sample: Any, ctx: list[int]) -> list[int]:
+        return group[0].draft(ctx, BUDGET, MIN_PROB).tokens
+
+    def end_group(self, store: Any, uid: str, group: Any, samples: list, responses: list) -> None:
+        store.commit(self._uid(uid), group[1])
+
+
+class New(Trie):
+    def __init__(self) -> None:
+        from cache_store.suffix_tree import SuffixTree
+
+        self.T = SuffixTree
+        self.tree = SuffixTree(DEPTH)
+
+    def stream_all(self, chunks: list[list[int]]) -> None:
+        s = self.tree.stream()
+        for c in chunks:
+            s.extend(c)
+        s.close()
+
+    def open_store(self, path: str) -> Any:
+        from cache_store.seqstore import LmdbSequenceStore
+
+        return LmdbSequenceStore.open(path)
+
+    def commit_responses(self, store: Any, uid: str, responses: list[np.ndarray]) -> None:
+        store.append(self._uid(uid), responses)
+
+    def load(self, store: Any, uid: str) -> None:
+        from cache_store.seqstore import load_tree
+
+        self.tree = load_tree(store, self._uid(uid), DEPTH)
+
+    def disk_bytes(self, store: Any, uid: str) -> int:
+        return store.stats(verify=False).record_bytes
+
+    def begin_group(self, store: Any, uid: str) -> Any:
+        self.load(store, uid)
+        return self.tree
+
+    def open_sample(self, group: Any) -> Any:
+        return group.stream()
+
+    def extend_sample(self, sample: Any, tokens: list[int]) -> None:
+        sample.extend(tokens)
+
+    def draft_in(self, group: Any, sample: Any, ctx: list[int]) -> list[int]:
+        return sample.draft(BUDGET, MIN_PROB).tokens  # matched from the stream's own windows
+
+    def end_group(self, store: Any, uid: str, group: Any, samples: list, responses: list) -> None:
+        for s in samples:
+            s.close()
+        store.append(self._uid(uid), [group.sequence(s.sequence_id) for s in samples])
+
+
+class Arctic(New):
+    def __init__(self) -> None:
+        from arctic_inference.suffix_decoding._C import SuffixTree
+
+        self.A = SuffixTree
+        self.tree = SuffixTree(DEPTH)
+        self.next_id = 0
+
+    def stream_all(self, chunks: list[list[int]]) -> None:
+        sid, self.next_id = self.next_id, self.next_id + 1
+        for c in chunks:
+            self.tree.extend(sid, c)
+
+    def memory_bytes(self) -> int:
+        return self.tree.estimate_memory()
+
+    def draft(self, ctx: list[int]) -> Any:
+        return self.tree.speculate(ctx, BUDGET, 1000.0, 0.0, MIN_PROB, False)
+
+    def draft_tree(self, ctx: list[int]) -> Any:
+        return self.tree.speculate(ctx, BUDGET, 1000.0, 0.0, MIN_PROB, True)
+
+    def load(self, store: Any, uid: str) -> None:
+        self.tree, self.next_id = self.A(DEPTH), 0
+        for s in store.read(self._uid(uid)):
+            self.stream_all([s.tokens.tolist()])
+
+    def begin_group(self, store: Any, uid: str) -> Any:
+        self.load(store, uid)
+        return self
+
+    def open_sample(self, group: Any) -> Any:
+        sid, self.next_id = self.next_id, self.next_id + 1
+        return [sid, []]
+
+    def extend_sample(self, sample: Any, tokens: list[int]) -> None:
+        self.tree.extend(sample[0], tokens)
+        sample[1].extend(tokens)
+
+    def draft_in(self, group: Any, sample: Any, ctx: list[int]) -> list[int]:
+        return list(self.draft(ctx).token_ids)
+
+    def end_group(self, store: Any, uid: str, group: Any, samples: list, responses: list) -> None:
+        store.append(self._uid(uid), [s[1] for s in samples])
+
+
+def make_kind(kind: str, probe: bool = False) -> Any:
+    """A fresh instance of `kind`; with `probe`, only whether it can be made (installed)."""
+    if probe:
+        if kind != "arctic":
+            return True
+        try:
+            import arctic_inference.suffix_decoding._C  # noqa: F401
+        except ImportError:
+            return False
+        return True
+    return {"trie": Trie, "new": New, "arctic": Arctic}[kind]()

@@ -1,0 +1,147 @@
+/* Shared declarations of the path-compressed suffix tree (cache_store._stree).
+ *
+ * The tree holds every window s[i .. i+D) of every stored sequence s (D = max_depth), path
+ * compressed: a node is the lower end of an edge, and its label is read from the sequence
+ * arrays (node v's path is tokens of sequence seq[v] from off[v], dep(v) tokens long), so a
+ * node is a few int32 and two doubles and a token is stored once, as int32.
+ *
+ * Counts. F[v] is the weighted number of windows whose content passes the first point of the
+ * edge into v (what drafting ranks children by); every node caches its children's F sum and
+ * its best child (highest F, then lowest first token). A live (streamed) window whose content
+ * currently ends strictly inside an edge is "in flight" there: it sits in that edge's
+ * in-flight list, kept in a small side map (node -> list head, length) because only the last
+ * max_depth windows of each live stream can be in flight. The count at a point of an edge is F
+ * minus the windows in flight above that point; live windows weigh 1, so that subtraction is
+ * exact. Windows of finished sequences always end at nodes (an end inside an edge splits it).
+ *
+ * A split gives the upper part a new node id and keeps the lower part (and so every leaf, its
+ * children and every window at its end) under the old one; windows in flight on the split
+ * edge are moved to the side they are on. Siblings are doubly linked, so the new upper node
+ * takes the old one's place among its siblings in O(1).
+ *
+ * A leaf created by a live window (its "owner") grows with the sequence for free: its depth
+ * is min(D, length - off) while dep[v] < 0. When another window needs the end point of such
+ * a leaf, the leaf is closed (its depth fixed) and the owner becomes a walker at that end.
+ *
+ * Every entry point runs with the GIL held.
+ */
+#ifndef SRT_STREE_H
+#define SRT_STREE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ST_MAX_DEPTH 1024
+#define ST_TOKEN_LIMIT 2147483648LL
+
+/* 48 bytes, packed to 4-byte alignment (x86 and arm64 read unaligned doubles at full speed);
+ * the sequence id and the depth share a word, so a tree holds at most ST_MAX_SEQS sequences. */
+typedef struct __attribute__((packed, aligned(4))) {
+    int32_t ftok, par, off, first_child, next_sibling, prev_sibling, best;
+    int32_t seq : 20, dep : 12; /* dep: 0..ST_MAX_DEPTH, or -1 for a growing leaf */
+    double F, childsum;
+} SNode;
+_Static_assert(sizeof(SNode) == 48, "a node is 48 bytes");
+#define ST_MAX_SEQS ((1 << 19) - 1)
+
+typedef struct { int32_t node, head, cnt; } Flight; /* node < 0: empty slot */
+
+typedef struct {
+    int32_t *tok;
+    int32_t len, cap;
+    int32_t stream; /* window block of the live stream writing it; -1 when finished */
+    double weight;
+} Seq;
+
+enum { W_FREE = 0, W_WALK = 1, W_OWNER = 2 };
+
+/* One window of a live stream: its locus (node hint, depth) and its in-flight list links. */
+typedef struct {
+    int32_t node, depth, prev, next;
+    int32_t state, seq, start;
+} Win;
+
+typedef struct {
+    PyObject_HEAD
+    SNode *nodes;
+    int32_t n, cap;
+    int32_t *hslots;
+    uint32_t hcap;
+    int hbits;
+    Seq *seqs;
+    int32_t nseq, seqcap;
+    Flight *fmap;     /* in-flight lists by node: open addressing, load <= 1/2 */
+    uint32_t fcap;
+    Win *wins;        /* blocks of max_depth windows, one block per live stream */
+    int32_t nblocks, blockcap, freeblock; /* free blocks chained through wins[b*D].next */
+    int32_t max_depth;
+    int64_t tokens;
+    int32_t live;
+} STree;
+
+static inline int32_t st_tok(const STree *t, int32_t v, int32_t k) {
+    return t->seqs[t->nodes[v].seq].tok[t->nodes[v].off + k];
+}
+
+static inline int st_open(const STree *t, int32_t v) { return t->nodes[v].dep < 0; }
+
+static inline int32_t st_dep(const STree *t, int32_t v) {
+    const SNode *nd = &t->nodes[v];
+    if (nd->dep >= 0) return nd->dep;
+    int32_t d = t->seqs[nd->seq].len - nd->off;
+    return d < t->max_depth ? d : t->max_depth;
+}
+
+static inline double st_F(const STree *t, int32_t v) { return t->nodes[v].F; }
+
+static inline uint32_t st_hash(int32_t u, int32_t tok, int bits) {
+    uint64_t key = ((uint64_t)(uint32_t)u << 32) | (uint32_t)tok;
+    return (uint32_t)((key * 0x9E3779B97F4A7C15ULL) >> (64 - bits));
+}
+
+static inline int32_t st_child(const STree *t, int32_t u, int32_t tok) {
+    uint32_t mask = t->hcap - 1, i = st_hash(u, tok, t->hbits);
+    for (;;) {
+        int32_t v = t->hslots[i];
+        if (v < 0) return -1;
+        if (t->nodes[v].par == u && t->nodes[v].ftok == tok) return v;
+        i = (i + 1) & mask;
+    }
+}
+
+/* stree_nodes.c: the node table, splits, leaves, counts */
+int st_init(STree *t, int32_t max_depth);
+int st_reserve(STree *t, int32_t extra);
+int st_trim(STree *t);
+void st_free(STree *t);
+int32_t st_new_leaf(STree *t, int32_t u, int32_t seq, int32_t off, int32_t tok, double w, int open);
+void st_enter(STree *t, int32_t c, double w);
+int32_t st_split(STree *t, int32_t v, int32_t d);
+void st_close_leaf(STree *t, int32_t v);
+int32_t st_seq_new(STree *t, double weight);
+Flight *st_flight(const STree *t, int32_t v);
+int st_flight_room(STree *t, int64_t entries);
+void st_flight_push(STree *t, int32_t v, int32_t slot);
+void st_flight_remove(STree *t, int32_t v, int32_t slot);
+void st_flight_remove_entry(STree *t, int32_t v);
+int st_seq_push(STree *t, int32_t s, const int32_t *tok, Py_ssize_t k);
+
+/* stree_insert.c: whole sequences and live streams */
+int st_add_windows(STree *t, int32_t s);
+int st_stream_open(STree *t, int32_t s);
+int st_stream_step(STree *t, int32_t s);
+int st_stream_close(STree *t, int32_t s);
+
+/* stree_draft.c, stree_dtree.c */
+int st_walk(const STree *t, const int32_t *toks, Py_ssize_t k, int32_t *node);
+double st_count(const STree *t, const int32_t *toks, Py_ssize_t k);
+PyObject *st_draft(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob);
+PyObject *st_draft_tree(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob);
+Py_ssize_t st_stream_match(const STree *t, int32_t s, Py_ssize_t cap, int32_t *node);
+Py_ssize_t st_match_cap(const STree *t, Py_ssize_t budget);
+Py_ssize_t st_match(const STree *t, const int32_t *ctx, Py_ssize_t k, Py_ssize_t cap, int32_t *node);
+
+#endif

@@ -1,0 +1,178 @@
+"""The LMDB environment of a sequence store: opening, the header (`info`), transactions.
+
+A sequence store is a directory holding one LMDB environment with three named sub-databases:
+
+    info   format b"srt-seqcache", version, logical clock, half-life, floor, creation time
+    seqs   uid + u32 big-endian record number -> sequence record (cache_store/seqrecord.py)
+    meta   uid -> next record number, sequences, tokens, last write time, record bytes
+
+It follows the LMDB rules of the tree cache (cache_store/env.py, docs/cache.md): one
+environment per path per process (a registry keyed by real path and pid), a sparse 1 TiB map
+that a full write doubles, adoption of a map another process grew, `reader_check()` on open.
+It is a different format name, so neither store opens the other's directory.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+import lmdb
+
+from cache_store.errors import CacheError, FormatVersionError, NotACacheError
+
+FORMAT_NAME = b"srt-seqcache"
+FORMAT_VERSION = 1
+MAP_SIZES = (1 << 40, 1 << 36, 1 << 32, 1 << 30)
+DB_NAMES = (b"info", b"seqs", b"meta")
+
+T = TypeVar("T")
+
+
+@dataclass
+class SeqEnv:
+    """This process's handle on one sequence-store directory (shared by its stores)."""
+
+    path: Path
+    env: lmdb.Environment
+    dbs: dict[str, Any]
+    readonly: bool
+    pid: int = field(default_factory=os.getpid)
+    users: int = 1
+
+    def write(self, fn: Callable[[lmdb.Transaction], T]) -> T:
+        """Run `fn` in one write transaction (it may run twice: read everything inside it)."""
+        while True:
+            try:
+                with self.env.begin(write=True) as txn:
+                    return fn(txn)
+            except lmdb.MapFullError:
+                self.env.set_mapsize(self.env.info()["map_size"] * 2)
+            except lmdb.MapResizedError:
+                self.env.set_mapsize(0)
+
+    def read(self, fn: Callable[[lmdb.Transaction], T], buffers: bool = False) -> T:
+        while True:
+            try:
+                with self.env.begin(buffers=buffers) as txn:
+                    return fn(txn)
+            except lmdb.MapResizedError:
+                self.env.set_mapsize(0)
+
+    def get_info(self, txn: lmdb.Transaction) -> dict[str, float]:
+        db = self.dbs["info"]
+        get = lambda k, f: struct.unpack(f, bytes(txn.get(k, db=db)))[0]  # noqa: E731
+        return {"tick": get(b"tick", "<Q"), "half_life": get(b"half_life", "<d"),
+                "floor": get(b"floor", "<d"), "created": get(b"created", "<d")}
+
+    def set_tick(self, txn: lmdb.Transaction, tick: int) -> None:
+        txn.put(b"tick", struct.pack("<Q", tick), db=self.dbs["info"])
+
+    def release(self) -> None:
+        """Drop one user; the last one closes the environment (idempotent per user)."""
+        self.users -= 1
+        if self.users > 0:
+            return
+        if self.pid == os.getpid():
+            self.env.close()
+        if _registry.get(os.path.realpath(self.path)) is self:
+            del _registry[os.path.realpath(self.path)]
+
+
+_registry: dict[str, SeqEnv] = {}
+
+
+def _lmdb_open(path: Path, readonly: bool) -> lmdb.Environment:
+    last: Exception | None = None
+    for size in MAP_SIZES:
+        try:
+            return lmdb.open(str(path), map_size=size, max_dbs=len(DB_NAMES) + 1, readonly=readonly,
+                             create=False, subdir=True, max_readers=512, meminit=False)
+        except lmdb.InvalidError as e:
+            raise NotACacheError(f"{path}: not a sequence store (data.mdb is not an LMDB file)") from e
+        except (lmdb.MemoryError, OSError, lmdb.Error) as e:
+            last = e
+    raise NotACacheError(f"{path}: cannot open the sequence store ({last})")
+
+
+def _init(env: lmdb.Environment, half_life: float, floor: float) -> None:
+    with env.begin(write=True) as txn:
+        info = env.open_db(b"info", txn=txn)
+        if txn.get(b"format", db=info) is not None:
+            return
+        for name in DB_NAMES[1:]:
+            env.open_db(name, txn=txn)
+        for k, v in ((b"format", FORMAT_NAME), (b"version", str(FORMAT_VERSION).encode()),
+                     (b"tick", struct.pack("<Q", 0)), (b"half_life", struct.pack("<d", half_life)),
+                     (b"floor", struct.pack("<d", floor)), (b"created", struct.pack("<d", time.time()))):
+            txn.put(k, v, db=info)
+
+
+def _open_dbs(env: lmdb.Environment, path: Path) -> dict[str, Any]:
+    try:
+        info = env.open_db(b"info", create=False)
+        with env.begin() as txn:
+            fmt, ver = txn.get(b"format", db=info), txn.get(b"version", db=info)
+        if fmt != FORMAT_NAME or ver is None:
+            raise NotACacheError(f"{path}: not a sequence store (format {fmt!r})")
+        if int(ver) > FORMAT_VERSION:
+            raise FormatVersionError(f"{path}: sequence store version {int(ver)} is newer than this srt "
+                                     f"reads ({FORMAT_VERSION}); upgrade srt")
+        return {"info": info, **{n.decode(): env.open_db(n, create=False) for n in DB_NAMES[1:]}}
+    except (lmdb.NotFoundError, lmdb.IncompatibleError, ValueError):
+        raise NotACacheError(f"{path}: not a sequence store (foreign LMDB database)") from None
+
+
+def _probe(path: Path) -> None:
+    """Refuse a foreign directory before anything is written to it: read its header without
+    LMDB's locking (which would write `lock.mdb`) and without creating files."""
+    try:
+        env = lmdb.open(str(path), readonly=True, lock=False, create=False, subdir=True,
+                        max_dbs=len(DB_NAMES) + 1, map_size=MAP_SIZES[-1])
+    except lmdb.InvalidError as e:
+        raise NotACacheError(f"{path}: not a sequence store (data.mdb is not an LMDB file)") from e
+    except lmdb.Error:
+        return  # e.g. a map the host refuses: the locked open below reports it
+    try:
+        _open_dbs(env, path)
+    finally:
+        env.close()
+
+
+def open_seq_env(path: Path, create: bool, readonly: bool, half_life: float, floor: float) -> SeqEnv:
+    """This process's handle on the store at `path`, created if missing and `create`."""
+    key = os.path.realpath(path)
+    h = _registry.get(key)
+    if h is not None and h.pid == os.getpid():
+        h.users += 1
+        return h
+    if h is not None:  # inherited across fork: the child opens its own
+        _registry.pop(key)
+        h.env.close()
+    fresh = not (path / "data.mdb").exists()
+    if fresh and (readonly or not create):
+        raise NotACacheError(f"{path}: no sequence store here")
+    if fresh and path.exists() and any(path.iterdir()):
+        raise NotACacheError(f"{path}: not a sequence store (no data.mdb)")
+    if not fresh:
+        _probe(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        env = _lmdb_open(path, readonly and not fresh)
+    except OSError as e:
+        raise CacheError(f"{path}: cannot open the sequence store: {e.strerror or e}") from None
+    try:
+        if fresh:
+            _init(env, half_life, floor)
+        if not readonly:
+            env.reader_check()  # slots of killed readers would pin old pages forever
+        dbs = _open_dbs(env, path)
+    except BaseException:
+        env.close()
+        raise
+    h = _registry[key] = SeqEnv(path=path, env=env, dbs=dbs, readonly=readonly)
+    return h

@@ -1,0 +1,270 @@
+"""The sequence store: each prompt's rollouts as append-only records, the tree rebuilt on load.
+
+The next cache format (docs/cache.md, "The sequence store"), not yet used by `srt rollout`.
+Instead of one tree record per prompt that every commit decodes, merges and rewrites, it keeps
+the rollouts themselves (token arrays with the tick they were written at and a weight):
+
+    store = LmdbSequenceStore.open(path)        # creates the store if needed
+    tree = load_tree(store, uid)                # SuffixTree of the decayed sequences
+    ... stream this group's rollouts into `tree` (tree.stream()) and draft from it ...
+    store.append_many({uid: [tokens, ...]})     # writes only the new sequences
+    store.tick()                                # once per rollout batch
+
+A commit costs what it writes, whatever the prompt already holds, and writers never need to
+merge: every append takes the next record numbers of its prompts inside its own LMDB write
+transaction (LMDB serialises writers), so concurrent writers lose nothing. Decay is per
+sequence: a record written at tick s with weight w weighs w * 0.5 ** ((now - s) / half_life)
+at tick now; a sequence whose weight is below the floor is left out of loads and removed by
+`prune`. `SequenceStore` is the narrow interface the tree and the drafters use, so a networked
+store can stand in for LMDB later.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Mapping, Protocol, Sequence
+
+import lmdb
+
+from cache_store import seqrecord
+from cache_store.clock import DEFAULT_FLOOR, DEFAULT_HALF_LIFE, check_settings, decay_factor
+from cache_store.errors import CacheError, CorruptRecord, CorruptTreeWarning
+from cache_store.seqenv import SeqEnv, open_seq_env
+from cache_store.suffix_tree import SuffixTree
+from cache_store.uid import is_uid
+
+_META = struct.Struct("<IQQdQ")  # next record number, sequences, tokens, last access wall, record bytes
+
+
+@dataclass(frozen=True)
+class StoredSequence:
+    """One rollout as read back: its tokens, the tick it was written at, its weight now."""
+
+    tokens: Sequence[int]
+    tick: int
+    weight: float
+
+
+@dataclass
+class SeqStoreStats:
+    """What a store holds (the `srt cache stats` figures of this format)."""
+
+    path: str
+    prompts: int = 0
+    sequences: int = 0
+    tokens: int = 0
+    record_bytes: int = 0
+    disk_bytes: int = 0
+    corrupt: int = 0
+    tick: int = 0
+
+
+class SequenceStore(Protocol):
+    """What the tree and the drafters need of persistence."""
+
+    def append(self, uid: str, sequences: Iterable[Sequence[int]]) -> None: ...
+    def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]]) -> None: ...
+    def read(self, uid: str) -> list[StoredSequence]: ...
+    def prune(self, floor: float | None = None) -> int: ...
+    def stats(self, verify: bool = True) -> SeqStoreStats: ...
+    def now(self) -> int: ...
+    def tick(self, n: int = 1) -> int: ...
+
+
+def _key(uid: str, n: int) -> bytes:
+    return uid.encode() + struct.pack(">I", n)
+
+
+def _check_uid(uid: str) -> str:
+    """Keys are the uid then a record number, so uids must all have one length: 32 hex digits."""
+    if not (isinstance(uid, str) and is_uid(uid)):
+        raise ValueError(f"not a prompt uid (32 lowercase hex digits): {uid!r}")
+    return uid
+
+
+class LmdbSequenceStore:
+    """A sequence store in one LMDB environment (see the module docstring)."""
+
+    def __init__(self, env: SeqEnv) -> None:
+        self._e = env
+        self._warned: set[bytes] = set()
+
+    @classmethod
+    def open(cls, path: str | Path, create: bool = True, readonly: bool = False,
+             half_life: float = DEFAULT_HALF_LIFE, floor: float = DEFAULT_FLOOR) -> "LmdbSequenceStore":
+        """Open (or create) the store at `path`; half_life/floor apply only when creating it."""
+        check_settings(half_life, floor)
+        return cls(open_seq_env(Path(path), create, readonly, half_life, floor))
+
+    @property
+    def path(self) -> Path:
+        return self._e.path
+
+    def info(self) -> dict[str, float]:
+        return self._e.read(self._e.get_info)
+
+    def now(self) -> int:
+        return int(self.info()["tick"])
+
+    def tick(self, n: int = 1) -> int:
+        """Advance the logical clock by `n` (once per rollout batch); the new tick."""
+        if n < 0:
+            raise ValueError("the clock never goes back")
+
+        def fn(txn: lmdb.Transaction) -> int:
+            now = int(self._e.get_info(txn)["tick"]) + n
+            self._e.set_tick(txn, now)
+            return now
+
+        return self._e.write(fn)
+
+    # -- writing -------------------------------------------------------------------------
+
+    def append(self, uid: str, sequences: Iterable[Sequence[int]]) -> None:
+        """`append_many` for one prompt."""
+        self.append_many({uid: sequences})
+
+    def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]]) -> None:
+        """Store new rollouts (weight 1, stamped now) for each prompt, in one transaction.
+
+        Everything is validated and compressed before the write lock is taken; inside it,
+        each prompt's next record numbers are read and its meta record updated. Empty
+        sequences are skipped. ValueError (nothing written) for a token id out of range.
+        """
+        if self._e.readonly:
+            raise CacheError(f"{self.path}: opened read-only")
+        arrays = {_check_uid(uid): [a for a in map(seqrecord.as_tokens, seqs) if a.size] for uid, seqs in batch.items()}
+        now = self.now()
+        encoded = {uid: [seqrecord.encode(a, now, 1.0) for a in arr] for uid, arr in arrays.items()}
+
+        def fn(txn: lmdb.Transaction) -> None:
+            tick = int(self._e.get_info(txn)["tick"])
+            for uid, recs in encoded.items():
+                if tick != now:  # the clock moved since encoding: stamp the records now
+                    recs = [seqrecord.encode(a, tick, 1.0) for a in arrays[uid]]
+                if recs:
+                    self._put(txn, uid, recs, sum(a.size for a in arrays[uid]))
+
+        self._e.write(fn)
+
+    def _put(self, txn: lmdb.Transaction, uid: str, recs: list[bytes], tokens: int) -> None:
+        nxt, seqs, toks, _wall, nbytes = self._meta(txn, uid)
+        for i, rec in enumerate(recs):
+            if not txn.put(_key(uid, nxt + i), rec, db=self._e.dbs["seqs"], overwrite=False):
+                raise CacheError(f"{self.path}: record {nxt + i} of {uid} already exists (meta out of step)")
+        meta = (nxt + len(recs), seqs + len(recs), toks + tokens, time.time(), nbytes + sum(map(len, recs)))
+        txn.put(uid.encode(), _META.pack(*meta), db=self._e.dbs["meta"])
+
+    def _meta(self, txn: lmdb.Transaction, uid: str) -> tuple[int, int, int, float, int]:
+        raw = txn.get(uid.encode(), db=self._e.dbs["meta"])
+        if raw is not None and len(raw) == _META.size:
+            return _META.unpack(raw)
+        nxt = 0  # no (or unreadable) meta: continue after the last record actually there
+        with txn.cursor(db=self._e.dbs["seqs"]) as cur:
+            if cur.set_range(_key(uid, 0)):
+                for k in cur.iternext(values=False):
+                    if not k.startswith(uid.encode()):
+                        break
+                    nxt = struct.unpack(">I", k[-4:])[0] + 1
+        return nxt, 0, 0, 0.0, 0
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _records(self, txn: lmdb.Transaction, uid: str) -> Iterator[tuple[bytes, memoryview]]:
+        prefix = uid.encode()
+        cur = txn.cursor(db=self._e.dbs["seqs"])
+        if not cur.set_range(_key(uid, 0)):
+            return
+        for k, v in cur:
+            if not bytes(k).startswith(prefix):
+                return
+            yield bytes(k), v
+
+    def read(self, uid: str) -> list[StoredSequence]:
+        """The prompt's sequences with their weights decayed to now, those below the floor
+        left out; a corrupt record warns (once) and is skipped."""
+        _check_uid(uid)
+        out: list[StoredSequence] = []
+
+        def fn(txn: lmdb.Transaction) -> None:
+            info = self._e.get_info(txn)
+            now, hl, floor = int(info["tick"]), info["half_life"], info["floor"]
+            for key, value in self._records(txn, uid):
+                try:
+                    head, tokens = seqrecord.decode(value)
+                except CorruptRecord as e:
+                    self._warn(key, e)
+                    continue
+                w = head.weight * decay_factor(now, head.tick, hl)
+                if w >= floor and w > 0:
+                    out.append(StoredSequence(tokens, head.tick, w))
+
+        self._e.read(fn, buffers=True)
+        return out
+
+    def _warn(self, key: bytes, e: Exception) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            uid, n = key[:-4].decode(errors="replace"), struct.unpack(">I", key[-4:])[0]
+            warnings.warn(f"{self.path}: sequence {n} of {uid} is corrupt ({e}); skipped "
+                          "(prune(drop_corrupt=True) removes it)", CorruptTreeWarning, stacklevel=4)
+
+    def uids(self) -> list[str]:
+        return self._e.read(lambda txn: [bytes(k).decode() for k in txn.cursor(db=self._e.dbs["meta"]).iternext(values=False)])
+
+    def raw_records(self, uid: str) -> list[tuple[bytes, bytes]]:
+        """(key, record bytes) of a prompt's records (for tools and tests)."""
+        return self._e.read(lambda txn: [(k, bytes(v)) for k, v in self._records(txn, uid)], buffers=True)
+
+    def put_raw(self, key: bytes, value: bytes) -> None:
+        """Overwrite one record's bytes as they are (for tests of corruption handling)."""
+        self._e.write(lambda txn: txn.put(key, value, db=self._e.dbs["seqs"]))
+
+    # -- pruning and stats ---------------------------------------------------------------
+
+    def prune(self, floor: float | None = None, drop_corrupt: bool = False) -> int:
+        """Delete the sequences whose decayed weight is below `floor` (default: the store's)
+        and, if asked, corrupt records; in one write transaction. Returns how many went."""
+        from cache_store.seqprune import prune_records
+
+        return self._e.write(lambda txn: prune_records(self._e, txn, floor, drop_corrupt))
+
+    def stats(self, verify: bool = True) -> SeqStoreStats:
+        """Counts from the meta records; `verify` also checks every record's CRC."""
+        st = SeqStoreStats(path=str(self.path))
+
+        def fn(txn: lmdb.Transaction) -> None:
+            st.tick = int(self._e.get_info(txn)["tick"])
+            for _k, raw in txn.cursor(db=self._e.dbs["meta"]):
+                _n, seqs, toks, _w, nbytes = _META.unpack(raw)
+                st.prompts += 1
+                st.sequences, st.tokens, st.record_bytes = st.sequences + seqs, st.tokens + toks, st.record_bytes + nbytes
+            if verify:
+                for _k, v in txn.cursor(db=self._e.dbs["seqs"]):
+                    try:
+                        seqrecord.check(v)
+                    except CorruptRecord:
+                        st.corrupt += 1
+
+        self._e.read(fn, buffers=True)
+        st.disk_bytes = os.path.getsize(self.path / "data.mdb")
+        return st
+
+    def close(self) -> None:
+        self._e.release()
+
+    def __enter__(self) -> "LmdbSequenceStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load_tree(store: SequenceStore, uid: str, max_depth: int = 64) -> SuffixTree:
+    """The prompt's tree: every stored sequence above the floor, weighted by its decay."""
+    return SuffixTree.from_sequences(((s.tokens, s.weight) for s in store.read(uid)), max_depth)

@@ -1,0 +1,164 @@
+"""The per-prompt suffix tree: the same drafts as `TokenTree`, at a few nodes per token.
+
+A `SuffixTree` holds weighted token sequences and, over them, every window s[i .. i+D) of
+each (D = `max_depth`, default 64) as a path-compressed tree whose edges point into the
+stored token arrays. `count(path)` is the weighted number of occurrences of `path` (length
+<= D) as a substring of the stored sequences, exactly what `TokenTree.count` is for the same
+sequences inserted with the same weights; `draft` and `draft_tree` follow the same rules
+(docs/cache.md, "Drafting") and return the same results, bit for bit when the weights are
+exact binary fractions (tests/cache_store/test_suffix_tree.py checks this against the trie).
+
+Why a second tree: a depth-bounded suffix *trie* holds up to D nodes per token (56 per token
+on long reasoning rollouts); this tree holds about 1.6, and a sequence's decay is one weight
+instead of a multiplication of every node, so persistence can store the sequences themselves
+(cache_store/seqstore.py) and rebuild the tree when loading.
+
+Sequences come in two kinds: finished ones (`add(tokens, weight)`, e.g. loaded from a store,
+weight = their decay) and live ones (`stream()`, weight 1, extended token by token or in
+chunks as a rollout is verified; `close()` when it ends). Drafts see every token at once.
+Nothing is ever removed: dropping sequences means building a new tree without them.
+
+The compiled core is `cache_store._stree` (C sources cache_store/csrc/stree_*.c).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from cache_store.trie import Draft, DraftTree
+
+try:
+    from cache_store import _stree
+except ImportError as e:  # pragma: no cover - only in a checkout that was never built
+    raise ImportError(
+        "cache_store._stree (the compiled suffix tree) is not built: run `pip install -e .` "
+        "in the srt checkout (needs a C compiler and the Python headers)"
+    ) from e
+
+MAX_DEPTH_LIMIT: int = _stree.MAX_DEPTH_LIMIT
+
+__all__ = ["Draft", "DraftTree", "SuffixTree", "SuffixStream", "TreeStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class TreeStats:
+    """What a tree holds: sequences (live ones included), tokens, nodes, bytes allocated."""
+
+    sequences: int
+    live: int
+    tokens: int
+    nodes: int
+    memory_bytes: int
+
+
+class SuffixStream:
+    """A live sequence: `extend(tokens)` appends tokens and puts every window ending at them
+    into the tree at once; `close()` marks it finished (also done when it is garbage)."""
+
+    __slots__ = ("_s",)
+
+    def __init__(self, core_stream: object) -> None:
+        self._s = core_stream
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Append `tokens` (ints in [0, 2**31); ValueError otherwise, with nothing appended)."""
+        self._s.extend(tokens)
+
+    def close(self) -> None:
+        """The sequence is finished (idempotent); extending it afterwards raises ValueError."""
+        self._s.close()
+
+    def draft(self, budget: int = 16, min_prob: float = 0.1) -> Draft:
+        """`tree.draft(this sequence so far, ...)`, without looking the context up: the
+        stream's windows already hold the loci of its tails."""
+        tokens, probs, match_len = self._s.draft(budget, min_prob)
+        return Draft(tokens, probs, match_len)
+
+    def draft_tree(self, budget: int = 16, min_prob: float = 0.1) -> DraftTree:
+        """`tree.draft_tree(this sequence so far, ...)`, matched the same way as `draft`."""
+        tokens, parents, probs, match_len = self._s.draft_tree(budget, min_prob)
+        return DraftTree(tokens, parents, probs, match_len)
+
+    @property
+    def sequence_id(self) -> int:
+        return self._s.sequence
+
+    def __len__(self) -> int:
+        return self._s.length
+
+
+class SuffixTree:
+    """Weighted token sequences and their depth-bounded suffix tree (see the module docstring)."""
+
+    __slots__ = ("_t",)
+
+    def __init__(self, max_depth: int = 64) -> None:
+        self._t = _stree.SuffixTree(max_depth)
+
+    @classmethod
+    def from_sequences(cls, seqs: Iterable[tuple[Sequence[int], float]], max_depth: int = 64) -> "SuffixTree":
+        """A tree holding each (tokens, weight) of `seqs`."""
+        tree = cls(max_depth)
+        for tokens, weight in seqs:
+            tree.add(tokens, weight)
+        tree.trim()
+        return tree
+
+    def add(self, tokens: Iterable[int], weight: float = 1.0) -> int:
+        """Store one finished sequence with `weight` (finite, > 0); returns its id."""
+        return self._t.add(tokens, weight)
+
+    def stream(self) -> SuffixStream:
+        """A new live sequence (weight 1), extended as its tokens are verified."""
+        return SuffixStream(self._t.stream())
+
+    def count(self, path: Iterable[int]) -> float:
+        """Weighted occurrences of `path` (0.0 if absent or longer than max_depth; `mass` for [])."""
+        return self._t.count(path)
+
+    def draft(self, context: Sequence[int], budget: int = 16, min_prob: float = 0.1) -> Draft:
+        """Greedy draft of at most `budget` tokens continuing `context` (as `TokenTree.draft`)."""
+        tokens, probs, match_len = self._t.draft(context, budget, min_prob)
+        return Draft(tokens, probs, match_len)
+
+    def draft_tree(self, context: Sequence[int], budget: int = 16, min_prob: float = 0.1) -> DraftTree:
+        """Best-first draft tree of at most `budget` nodes (as `TokenTree.draft_tree`)."""
+        tokens, parents, probs, match_len = self._t.draft_tree(context, budget, min_prob)
+        return DraftTree(tokens, parents, probs, match_len)
+
+    def sequence(self, i: int) -> array:
+        """The tokens of sequence `i` (so far, for a live one), as an int32 array (one copy)."""
+        out = array("i")
+        out.frombytes(self._t.sequence(i))
+        return out
+
+    @property
+    def max_depth(self) -> int:
+        return self._t.max_depth
+
+    @property
+    def mass(self) -> float:
+        """Weighted tokens stored (the sum of the depth-1 counts)."""
+        return self._t.mass
+
+    @property
+    def nodes(self) -> int:
+        return self._t.nodes
+
+    def trim(self) -> None:
+        """Give back the room growth reserved (after a bulk load; later appends regrow it)."""
+        self._t.trim()
+
+    def memory_bytes(self) -> int:
+        """Bytes allocated: nodes, the child map, token arrays, stream windows."""
+        return self._t.memory_bytes()
+
+    def stats(self) -> TreeStats:
+        t = self._t
+        return TreeStats(t.sequences, t.live_streams, t.tokens, t.nodes, t.memory_bytes())
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return f"SuffixTree(max_depth={self.max_depth}, sequences={s.sequences}, tokens={s.tokens}, nodes={s.nodes})"
