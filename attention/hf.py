@@ -12,9 +12,16 @@ same name in `AttentionMaskInterface`. We register one name, `srt_tree`, in both
   transformers would otherwise build a T x T "packed sequence" mask from our position ids),
   and the ordinary SDPA mask otherwise.
 
+Per layer, as transformers defines it: the layer's `sliding_window` (None on full-attention
+layers) is measured in positions, i.e. tree depth (masks cached per window value), and its
+`softcap` (attention logit softcapping) is applied by every backend (sdpa: that block computed
+explicitly, since SDPA cannot softcap; flex: a `score_mod`). Attention sinks and position
+biases are not implemented: srt refuses such models when it loads them, and the attention
+function raises rather than drop them.
+
 Outside a row, `srt_tree` behaves exactly like `sdpa`, and `tree_attention` restores the
 model's own implementation on exit, so ordinary inputs always take the ordinary path.
-Masks are built once per row and shared by all layers.
+Masks are built once per row (and window) and shared by the layers.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ import torch
 NAME = "srt_tree"
 BACKENDS = ("auto", "sdpa", "flex", "eager")
 SDPA_BLOCK = 512  # query block of the sdpa backend (see masks.sdpa_blocks)
-# attention arguments some models pass that the tree backends do not implement
-_UNSUPPORTED = ("softcap", "s_aux", "sinks", "position_bias")
+# attention arguments some models pass that the tree backends do not implement (srt refuses
+# such models when it loads them, srtcli/attention_support.py; this is the last line of defence)
+_UNSUPPORTED = ("s_aux", "sinks", "position_bias")
 
 
 @dataclass
@@ -83,9 +91,14 @@ def _repeat_kv(x: torch.Tensor, n: int) -> torch.Tensor:
     return x if n == 1 else x.repeat_interleave(n, dim=1)
 
 
-def _flex(query, key, value, block_mask, scale):
+def _flex(query, key, value, block_mask, scale, softcap=None):
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
+
+    score_mod = None
+    if softcap is not None:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return torch.tanh(score / softcap) * softcap
 
     if query.is_cuda:  # fused kernel; eager flex would materialise the scores
         if _compiled_flex is None:
@@ -93,7 +106,7 @@ def _flex(query, key, value, block_mask, scale):
         fn = _compiled_flex
     else:  # CPU: eager flex, forward only (no CPU flex backward in torch); checks the mask_mod
         fn = flex_attention
-    return fn(query, key, value, block_mask=block_mask, scale=scale, enable_gqa=True)
+    return fn(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=True)
 
 
 def _keys(x: torch.Tensor, keys: slice | torch.Tensor) -> torch.Tensor:
@@ -101,30 +114,46 @@ def _keys(x: torch.Tensor, keys: slice | torch.Tensor) -> torch.Tensor:
     return x[:, :, keys] if isinstance(keys, slice) else x.index_select(2, keys)
 
 
-def _tree_forward(row: _Row, module, query, key, value, dropout, scaling, window):
-    """query [B, H, T, D], key/value [B, Hkv, T, D] -> [B, T, H, D]."""
+def _explicit(module, query, key, value, mask, dropout, scaling, softcap):
+    """Attention computed as transformers' eager attention does: scores * scaling, then
+    softcap * tanh(scores / softcap) if the layer softcaps, then the bool mask, a float32
+    softmax. Returns (output [B, H, q, D], weights)."""
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value), weights
+
+
+def _sdpa_block(module, query, key, value, mask, dropout, scaling, softcap):
+    if softcap is not None:  # SDPA cannot softcap: the same block, computed explicitly
+        return _explicit(module, query, key, value, mask, dropout, scaling, softcap)[0]
+    return torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+
+
+def _tree_forward(row: _Row, module, query, key, value, dropout, scaling, window, softcap=None):
+    """query [B, H, T, D], key/value [B, Hkv, T, D] -> [B, T, H, D]. `window`: the layer's
+    sliding window (in positions); `softcap`: its attention logit softcapping."""
     groups = query.shape[1] // key.shape[1]
     if row.backend == "flex":
         if dropout:
             raise ValueError("the flex tree backend does not support attention dropout")
-        out = _flex(query, key, value, row.block_mask(window), scaling)
+        out = _flex(query, key, value, row.block_mask(window), scaling, softcap)
         return out.transpose(1, 2).contiguous(), None
     key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
     if row.backend == "sdpa":
-        sdpa = torch.nn.functional.scaled_dot_product_attention
         outs = [
-            sdpa(query[:, :, a:b], _keys(key, ks), _keys(value, ks), attn_mask=m, dropout_p=dropout, scale=scaling)
+            _sdpa_block(module, query[:, :, a:b], _keys(key, ks), _keys(value, ks), m, dropout, scaling, softcap)
             for a, b, ks, m in row.blocks(window)
         ]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return out.transpose(1, 2).contiguous(), None
-    mask = row.bool_mask(window)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scale
-    scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+    out, weights = _explicit(module, query, key, value, row.bool_mask(window), dropout, scaling, softcap)
+    return out.transpose(1, 2).contiguous(), weights
 
 
 def srt_tree_attention(
@@ -136,6 +165,7 @@ def srt_tree_attention(
     dropout: float = 0.0,
     scaling: float | None = None,
     sliding_window: int | None = None,
+    softcap: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The registered attention function: tree mask inside a row, plain SDPA outside."""
@@ -151,7 +181,7 @@ def srt_tree_attention(
     for name in _UNSUPPORTED:  # silently dropping these would break exactness
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"tree attention does not support `{name}` (used by this model)")
-    return _tree_forward(row, module, query, key, value, dropout, scaling, sliding_window)
+    return _tree_forward(row, module, query, key, value, dropout, scaling, sliding_window, softcap)
 
 
 def _srt_tree_mask(*args: Any, **kwargs: Any):

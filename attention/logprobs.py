@@ -9,8 +9,9 @@ each child's token. Under autograd each chunk is checkpointed, so the [T, vocab]
 never held at once, in the forward or the backward. Every sequence's values are then gathered
 along its path; everything is differentiable w.r.t. the model's parameters.
 
-Models whose LM head is not a plain Linear (or that post-process logits) fall back to the
-model's full logits, still scored once per distinct pair.
+Models whose LM head is not a plain Linear (or that post-process logits: final-logit
+softcapping, a logit scale; srt's loaders find it from the model and set `POST_HEAD` on it) fall
+back to the model's full logits, still scored once per distinct pair.
 """
 
 from __future__ import annotations
@@ -22,15 +23,23 @@ from attention.hf import resolve_backend, tree_attention
 from attention.rows import PackedRow, pack_rows
 
 CHUNK = 1024  # parent positions per LM-head chunk: bounds memory at CHUNK x vocab floats
+# a model attribute: True when its logits are not its LM head applied to the last hidden states
+POST_HEAD = "_srt_logits_post_processed"
+
+
+def logits_post_processed(model: torch.nn.Module) -> bool:
+    """Whether `model`'s logits are more than head(last hidden states): as found when srt
+    loaded it (POST_HEAD), else from the config's known post-processing settings."""
+    config = model.config
+    named = getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
+    return bool(getattr(model, POST_HEAD, False) or named)
 
 
 def _head_split(model: torch.nn.Module):
     """(base model, head) to score hidden states chunk by chunk, or (None, None) if unsafe."""
-    config = model.config
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    post = getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)
-    if base is None or base is model or not isinstance(head, torch.nn.Linear) or post:
+    if base is None or base is model or not isinstance(head, torch.nn.Linear) or logits_post_processed(model):
         return None, None
     return base, head
 

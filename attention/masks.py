@@ -10,8 +10,9 @@ inside k's subtree and not before k. That one rule gives:
 - `dense_reference_mask`: the slow, obviously-correct mask from the sequences' paths (each path
   is causal over its own tokens), used by the tests to check the others.
 
-`sliding_window` (models such as Mistral) is measured in positions (tree depth), as a separate
-forward would measure it.
+`sliding_window` (models such as Mistral, or the sliding layers of Qwen2/Qwen3/Gemma2/Gemma3;
+each layer passes its own) is measured in positions (tree depth), as a separate forward would
+measure it: key k stays visible to query q iff pos[q] - pos[k] < sliding_window.
 """
 
 from __future__ import annotations

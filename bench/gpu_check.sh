@@ -8,6 +8,9 @@
 #      pytest, hypothesis);
 #   2. runs the engine's exactness tests on CUDA (SRT_TEST_DEVICE=cuda: greedy identity for every
 #      drafter, chi-square sampling tests) and the CUDA-only FlexAttention test;
+#   2b. runs the architecture matrix's rollout checks on CUDA (every model family, sliding
+#      windows and softcaps, against HF's own generate and forward on the same device; the
+#      engine's CUDA KV-memory check runs with them);
 #   3. runs bench/rollout_bench.py with the embedded engine on CUDA (bundled workload, K = 8,
 #      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs;
 #   4. profiles epoch 3 of none and srt (cProfile): on a GPU the 1.2M-parameter model leaves
@@ -46,6 +49,10 @@ SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider \
     tests/srtcli/test_engine.py tests/srtcli/test_engine_sampling.py tests/srtcli/test_tree_verify.py \
     tests/attention/test_masks.py 2>&1 \
     | tee "$OUT/tests_$DEV.log" | tail -15
+
+step "architecture matrix on $DEV: greedy = HF generate, old log-probs = HF forward (sliding windows, softcaps)"
+SRT_TEST_DEVICE=$DEV timeout 180 $PY -m pytest -q -p no:cacheprovider tests/srtcli/test_arch_matrix.py \
+    -k "greedy_rollout or old_logprobs" 2>&1 | tee "$OUT/arch_matrix_$DEV.log" | tail -15
 
 step "rollout bench, $DEV, batch 32"
 timeout 200 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \

@@ -13,7 +13,9 @@ LMDB rules this module enforces (see docs/cache.md):
   and retries (`write`), and a map grown by another process is adopted (MapResizedError);
 - `reader_check()` on open clears reader slots left by killed processes;
 - every process holds a shared `flock` on `srt.lock`; compaction takes it exclusively, so
-  the data file is never swapped under a live user.
+  the data file is never swapped under a live user;
+- a directory that is not an srt cache is refused before `srt.lock` is created or LMDB's
+  lock file touched: a refused directory is left byte for byte as it was.
 """
 
 from __future__ import annotations
@@ -131,6 +133,25 @@ def _open_dbs(env: lmdb.Environment, path: Path) -> dict[str, Any]:
         raise NotACacheError(f"{path}: not an srt cache (foreign LMDB database)") from None
 
 
+def _refuse_foreign(path: Path) -> None:
+    """Refuse a foreign LMDB before anything is written to it: `srt.lock` and LMDB's own lock
+    file (which every locking open rewrites) stay untouched. Only directories without
+    `srt.lock` get this look (a foreign one, or an srt cache no srt process has opened for
+    writing, e.g. a copied data.mdb): read-only and without LMDB's lock, which is safe because
+    no srt process writes a cache without first creating `srt.lock`."""
+    try:
+        env = lmdb.open(str(path), readonly=True, lock=False, create=False, subdir=True,
+                        max_dbs=len(DB_NAMES) + 2)
+    except lmdb.InvalidError as e:
+        raise NotACacheError(f"{path}: not an srt cache (data.mdb is not an LMDB file)") from e
+    except lmdb.Error:
+        return  # e.g. a mapping refused: the real open reports it
+    try:
+        _open_dbs(env, path)
+    finally:
+        env.close()
+
+
 def _shared_lock(path: Path, readonly: bool) -> int | None:
     lock = path / LOCK_NAME
     if readonly and not lock.exists():
@@ -171,6 +192,8 @@ def open_env(
 def _open_new(path: Path, create: bool, readonly: bool, map_size: int | None, half_life: float,
               floor: float) -> EnvHandle:
     fresh = _check_dir(path, create and not readonly)
+    if not fresh and not (path / LOCK_NAME).exists():
+        _refuse_foreign(path)
     lock_fd = _shared_lock(path, readonly)
     env = None
     try:

@@ -10,7 +10,8 @@
 The cache is `--cache DIR`, else `$SRT_CACHE`, else `~/.cache/srt`. stats/prune/export/import
 never import torch (only `add` may, to load a tokenizer). The store itself is in
 cache_store/; this module parses flags, maps every cache error to one line (exit 1), and
-prints (`--json`: one JSON object, the last line of stdout).
+prints (`--json`: one JSON object, the last line of stdout, whose `cache` is the cache
+directory and `out` what the command wrote, as in every srt command).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def default_cache_dir() -> Path:
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
-    click.echo(f"warning: {message}", err=True)
+    click.echo(f"srt: warning: {message}", err=True)
 
 
 @contextmanager
@@ -99,7 +100,7 @@ def stats(cache: str | None, top: int, verify: bool, json: bool) -> None:  # noq
 
     with open_store(cache, readonly=True) as store:
         st = cache_stats(store, top=top, verify=verify)
-    emit(json, st.to_dict(), stats_lines(st))
+    emit(json, {"cache": st.path, **st.to_dict()}, stats_lines(st))  # `path`: the old name of `cache`
 
 
 def _criteria(max_bytes, max_trees, older_than, min_count, drop_corrupt):  # noqa: ANN001, ANN202
@@ -146,7 +147,7 @@ def prune(cache, max_bytes, max_trees, older_than, min_count, drop_corrupt, comp
     as_json = json
     with open_store(cache) as store:
         plan = plan_prune(store, crit)
-        out = {"dry_run": dry_run, **plan.to_dict()}
+        out = {"cache": str(store.path), "dry_run": dry_run, **plan.to_dict()}
         if dry_run:
             emit(as_json, out, prune_lines(plan, dry_run=True))
             return
@@ -193,7 +194,8 @@ def export(cache: str | None, out: str, json: bool) -> None:  # noqa: A002
             size = do_export(store, out)
         except OSError as e:
             raise SrtError(f"{out}: cannot write the export: {e.strerror or e}") from None
-    emit(as_json, {"out": out, "bytes": size}, [f"exported {store.path} -> {out} ({size:,} bytes)"])
+    emit(as_json, {"cache": str(store.path), "out": out, "bytes": size},
+         [f"exported {store.path} -> {out} ({size:,} bytes)"])
 
 
 @cache.command(name="import")
@@ -208,8 +210,8 @@ def import_(cache: str | None, src: str, json: bool) -> None:  # noqa: A002
     as_json = json
     with open_store(cache, create=True) as store:
         rep = import_cache(store, src)
-    obj = {"trees": rep.trees, "new": rep.new, "corrupt": rep.corrupt, "incompatible": rep.incompatible,
-           "tokens": rep.tokens}
+    obj = {"cache": str(store.path), "trees": rep.trees, "new": rep.new, "corrupt": rep.corrupt,
+           "incompatible": rep.incompatible, "tokens": rep.tokens}
     emit(as_json, obj, [f"imported {rep.trees} trees ({rep.new} new, {rep.tokens:,.0f} tokens) from {src}"
                         + (f"; skipped {rep.corrupt} corrupt" if rep.corrupt else "")
                         + (f"; skipped {rep.incompatible} of another depth" if rep.incompatible else "")])
@@ -244,14 +246,18 @@ def _sniff_pool(source: Path) -> bool:
         return True
     if source.name.endswith(".zst"):
         return True
-    with open(source, encoding="utf-8", errors="replace") as f:
-        for text in f:
+    from srtcli.jsonl import read_lines
+
+    try:
+        for _, text in read_lines(source):
             if text.strip():
                 try:
                     d = json.loads(text)
                 except json.JSONDecodeError:
                     return False
                 return isinstance(d, dict) and "input_ids" in d and "loss_mask" in d
+    except SrtError:  # not UTF-8: the rollout reader reports the line
+        return False
     return False
 
 
@@ -264,23 +270,20 @@ def _rollout_lines(source: Path, skip_bad: bool, stats: dict, vocab: int | None)
     """(line number, RolloutLine) of a rollout JSONL file; bad lines raise or are counted."""
     from cache_store.warm import parse_rollout_line
     from srtcli.errors import at
+    from srtcli.jsonl import read_lines
 
-    try:
-        with open(source, encoding="utf-8") as f:
-            for lineno, text in enumerate(f, start=1):
-                if not text.strip():
-                    continue
-                try:
-                    r = parse_rollout_line(text)
-                    if r.prompt_ids is not None:
-                        _check_vocab(r.prompt_ids + r.response_ids, vocab)
-                    yield lineno, r
-                except ValueError as e:
-                    if not skip_bad:
-                        raise at(source, lineno, str(e)) from None
-                    stats["skipped"] += 1
-    except UnicodeDecodeError:
-        raise SrtError(f"{source}: not UTF-8 text") from None
+    for lineno, text in read_lines(source):
+        if not text.strip():
+            continue
+        try:
+            r = parse_rollout_line(text)
+            if r.prompt_ids is not None:
+                _check_vocab(r.prompt_ids + r.response_ids, vocab)
+            yield lineno, r
+        except ValueError as e:
+            if not skip_bad:
+                raise at(source, lineno, str(e)) from None
+            stats["skipped"] += 1
 
 
 def _tokenized(source: Path, tok: Any, skip_bad: bool) -> Iterator[tuple[list[int], list[int]]]:
@@ -346,12 +349,14 @@ def run_add(source: Path, model: str | None, fingerprint: str | None, skip_bad: 
     if pool:
         rollouts = pool_rollouts(_pool_checked(source, iter_steps(source, skip_bad, stats), _vocab(tok)))
         first = next(rollouts, None)  # consumes and validates the whole pool
+        _refuse_empty(source, first is not None, stats["skipped"])
         fp = _need(tok, fp, needs_text=False)
-        items: Any = rollouts if first is None else _chain(first, rollouts)
+        items: Any = _chain(first, rollouts)
     else:
-        needs_text = False
+        needs_text, good = False, 0
         for _, r in _rollout_lines(source, skip_bad, stats, _vocab(tok)):
-            needs_text = needs_text or r.prompt_ids is None
+            needs_text, good = needs_text or r.prompt_ids is None, good + 1
+        _refuse_empty(source, good > 0, stats["skipped"])
         fp = _need(tok, fp, needs_text)
         items = _tokenized(source, tok, skip_bad)
     settings = {k: v for k, v in (("half_life", half_life), ("floor", floor)) if v is not None}
@@ -363,6 +368,13 @@ def run_add(source: Path, model: str | None, fingerprint: str | None, skip_bad: 
         where = str(store.path)
     return {"cache": where, "rollouts": warmer.rollouts, "tokens": warmer.tokens, "trees": len(warmer.uids),
             "skipped": stats["skipped"], "tokenizer_fingerprint": fp}
+
+
+def _refuse_empty(source: Path, any_good: bool, skipped: int) -> None:
+    """Nothing to add is an error, as for `srt rollout` and `srt pack` (before the cache opens)."""
+    if not any_good:
+        why = f"every line was bad: {skipped} skipped" if skipped else "it is empty"
+        raise SrtError(f"{source}: no rollouts to add ({why})")
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:

@@ -39,6 +39,7 @@ import torch
 from srtcli.drafters import Drafter, Proposal
 from srtcli.sampling import SamplingParams, sample
 from srtcli.forward import Forwards
+from srtcli.kv_memory import check_kv_fits
 # SlotKVCache is also imported from here by callers (`from srtcli.engine import SlotKVCache`)
 from srtcli.slot_cache import SlotKVCache
 from srtcli.tree_verify import accepted_moves, walk_tree
@@ -123,6 +124,7 @@ class Engine(Forwards):
         # our attention function only while the engine runs the model (the model stays as given)
         self._attn = "srt_slots" if model.config._attn_implementation in ("sdpa", "eager") else None
         self.dtype = next(model.parameters()).dtype
+        check_kv_fits(model, slots, max_len)  # before the cache grows to that size
         self.cache = SlotKVCache(slots, max_len)
         self.slots: list[Sequence | None] = [None] * slots
         self.gen = torch.Generator(device=self.device).manual_seed(seed)

@@ -11,6 +11,8 @@ needs. Which layout runs, and why:
   ([1, T], per-token `position_ids`), so its linear layers and the LM head spend nothing on
   padding; only attention (`srtcli.slot_cache.slot_attention`) lays the queries out per row.
   Tree rows get depth positions and ancestor-only masks (`srtcli.tree_verify.mask_trees`).
+  Sliding-window layers narrow the mask by the positions of queries and keys
+  (`packed_positions`: a tree node's is its depth, not its cache column).
 - Padded (`_forward_padded`): rows left-padded to one length, padding writing to the cache's
   trash column; plain decode steps (one token per row), and every forward of attention
   implementations we do not replace (e.g. flash).
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 
 from srtcli.sampling import shape_probs
-from srtcli.slot_cache import Packed, layout, packed_attention
+from srtcli.slot_cache import Layout, Packed, Windows, layout, packed_attention
 from srtcli.tree_verify import mask_trees
 
 # Pack a forward only when left-padding would add at least this many tokens: below it, the
@@ -75,8 +77,9 @@ class Forwards:
         out_off = torch.tensor([0] + [d + 1 for d in dls[:-1]]).cumsum(0)
         pick = out_off[:, None] + torch.minimum(torch.arange(keep)[None, :], torch.tensor(dls)[:, None])
         ids = torch.tensor([[t for x in inputs for t in x]])
+        windows = Windows(lambda: packed_positions(lay, posids, arow, na))
         logits = self._model_forward(ids, posids[None], mask, need,
-                                     Packed(lay.gather, lay.scatter, na, lay.q), rows)[0]
+                                     Packed(lay.gather, lay.scatter, na, lay.q), rows, windows)[0]
         return shape_probs(logits, self.params).index_select(0, pick.flatten().to(dev)).view(b, keep, -1)
 
     def _forward_padded(self, rows: list[Any], inputs: list[list[int]], dls: list[int]) -> torch.Tensor:
@@ -96,7 +99,8 @@ class Forwards:
         widx = torch.where(torch.arange(q)[None, :] >= pad[:, None], pos_t, self.max_len)
         self.cache.prepare(slot_idx.to(dev), slot_idx[:, None].expand(b, q).to(dev), widx.to(dev), lcur,
                            slots == list(range(len(self.slots))))
-        out = self._model_forward(ids_t, pos_t, mask, keep, None, rows)
+        windows = Windows(lambda: (pos_t, torch.arange(lcur).expand(b, lcur)))
+        out = self._model_forward(ids_t, pos_t, mask, keep, None, rows, windows)
         # row r's needed logits are the last len(draft_r) + 1 of the kept ones
         idx = ((keep - 1 - torch.tensor(dls))[:, None] + torch.arange(keep)[None, :]).clamp(max=keep - 1).to(dev)
         return shape_probs(out.gather(1, idx[..., None].expand(-1, -1, out.shape[-1])), self.params)
@@ -112,8 +116,9 @@ class Forwards:
         return mask.masked_fill_(~vis[:, None], torch.finfo(self.dtype).min)
 
     def _model_forward(self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, keep: Any,
-                       packed: Packed | None, rows: list[Any]) -> torch.Tensor:
-        """Run the model with our cache and attention; returns the kept logits."""
+                       packed: Packed | None, rows: list[Any], windows: Windows | None = None) -> torch.Tensor:
+        """Run the model with our cache and attention; returns the kept logits. `windows`
+        gives sliding-window layers the positions their narrower masks derive from."""
         cfg = self.model.config
         saved = cfg._attn_implementation
         if self._attn:
@@ -124,7 +129,7 @@ class Forwards:
             keep = keep.to(dev)
         t0 = time.perf_counter()
         try:
-            with packed_attention(packed):
+            with packed_attention(packed, windows):
                 out = self._call_model(
                     input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=mask.to(dev),
                     past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
@@ -148,3 +153,14 @@ class Forwards:
         """[b, q, lcur] which cache columns each query sees: its own row's positions up to its
         own. Columns past a row's valid length (rejected drafts, other rows' padding) hide."""
         return keys[None, None, :] <= pos[:, :, None]
+
+
+def packed_positions(lay: Layout, posids: torch.Tensor, arow: list[int], na: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([na, q] query positions, [na, lcur] key positions) of a packed forward: a cache column
+    holds the token of its own position, except the columns this forward writes, which hold
+    tokens at `posids` (a tree node sits at the position of its depth, not of its column)."""
+    qpos = lay.pos.clone().view(-1)
+    qpos[lay.scatter] = posids
+    kpos = torch.arange(lay.lcur).repeat(na, 1)
+    kpos[torch.tensor(arow)[lay.tok_row], lay.flat] = posids
+    return qpos.view(na, lay.q), kpos

@@ -5,6 +5,8 @@ standard Hugging Face format under `srtcli/bundled_model/`, so `srt rollout` wor
 install with no download. Commands use `default_model_dir()` when `--model` is not given and
 `load_model_and_tokenizer(dir)` to load one; a missing or non-model directory is a one-line
 `SrtError`, never a traceback from transformers. Loading is always offline (local files only).
+A loaded model passes `srtcli.attention_support.check_attention` (its attention is one srt
+computes exactly) before any command uses it.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def load_model_and_tokenizer(path: str | Path | None = None, dtype: str = "float
     import torch
     from transformers import AutoModelForCausalLM
 
+    from srtcli.attention_support import check_attention
+
     path = check_model_dir(default_model_dir() if path is None else path)
     tok = load_tokenizer(path)
     try:
@@ -67,6 +71,7 @@ def load_model_and_tokenizer(path: str | Path | None = None, dtype: str = "float
     except Exception as e:
         raise SrtError(f"{path}: cannot load the model: {type(e).__name__}: {_first_line(e)}") from None
     model.eval()
+    check_attention(model, path)  # before anything is generated: exact, or refused in one line
     return model, tok
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from srtcli.config import config_option
-from srtcli.errors import SrtError
+from srtcli.errors import Interrupted, SrtError
 from srtcli.pool import StepRecord, grpo_advantages, read_pool
 
 
@@ -90,17 +90,20 @@ def build_rows(steps: list[StepRecord], max_tokens: int, pad_to: int, progress=N
 def pack(steps: Path, out: Path, max_tokens: int, pad_to: int, rows_per_shard: int,
          skip_bad: bool, overwrite: bool, json: bool) -> None:
     """Pack a steps pool into prefix-tree rows and write shards."""
-    from srtcli.shards import write_shards
+    from srtcli.shards import check_out, write_shards
 
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise SrtError(f"{out}: already exists (choose another --out, or --overwrite)")
+    check_out(out, overwrite, inputs=[steps])
     stats: dict[str, int] = {}
-    records = read_pool(steps, skip_bad=skip_bad, stats=stats)
-    records, too_long = _drop_too_long(records, max_tokens, skip_bad, steps)
-    with _progress() as progress:
-        shard_rows, summary = build_rows(records, max_tokens, pad_to, progress)
-        summary["skipped"] = stats.get("skipped", 0) + too_long
-        manifest = write_shards(out, shard_rows, summary, rows_per_shard=rows_per_shard, overwrite=overwrite)
+    try:
+        records = read_pool(steps, skip_bad=skip_bad, stats=stats)
+        records, too_long = _drop_too_long(records, max_tokens, skip_bad, steps)
+        with _progress() as progress:
+            shard_rows, summary = build_rows(records, max_tokens, pad_to, progress)
+            summary["skipped"] = stats.get("skipped", 0) + too_long
+            manifest = write_shards(out, shard_rows, summary, rows_per_shard=rows_per_shard, overwrite=overwrite)
+    except KeyboardInterrupt:  # write_shards swaps a complete set into place, or leaves `out` as it was
+        raise Interrupted("srt pack: interrupted; a shard set is written whole or not at all, "
+                          "so rerun the same command") from None
     summary["shards"] = len(manifest["shards"])
     if json:  # the parameter is named after the flag, so `--config` can set it
         click.echo(jsonlib.dumps({**summary, "out": str(out)}))

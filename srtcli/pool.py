@@ -3,7 +3,8 @@
 A pool is a directory of `*.jsonl` (or `*.jsonl.zst`) files, one step per line. The format is
 documented in docs/formats.md; this module is its only reader and writer:
 
-- `read_pool(dir)` validates every line and returns `StepRecord`s (errors name file and line);
+- `read_pool(dir)` validates every line and returns `StepRecord`s (errors name file and line;
+  a (prompt_uid, trajectory_id, step) seen twice is an error too);
 - `grpo_advantages(steps)` fills in missing advantages the GRPO way;
 - `PoolWriter` appends whole lines, crash-safe, and can resume a file a killed run left behind.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from srtcli.errors import SrtError, at
+from srtcli.jsonl import read_lines, split_lines
 
 REQUIRED = ("prompt_uid", "trajectory_id", "step", "input_ids", "loss_mask", "old_logprobs", "reward")
 
@@ -122,19 +124,19 @@ def pool_files(pool: Path) -> list[Path]:
     return files
 
 
-def _lines(path: Path) -> Iterator[str]:
-    if path.name.endswith(".zst"):
-        import zstandard
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a pool file, plain or zstd (srtcli/jsonl.py splits and decodes)."""
+    if not path.name.endswith(".zst"):
+        yield from read_lines(path)
+        return
+    import zstandard
 
-        with open(path, "rb") as raw:
-            try:
-                reader = zstandard.ZstdDecompressor().stream_reader(raw)
-                yield from io.TextIOWrapper(reader, encoding="utf-8")
-            except zstandard.ZstdError as e:
-                raise SrtError(f"{path}: not a valid zstd file ({e})") from None
-    else:
-        with open(path, encoding="utf-8") as f:
-            yield from f
+    with open(path, "rb") as raw:
+        try:
+            reader = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw))
+            yield from split_lines(reader, path)
+        except zstandard.ZstdError as e:
+            raise SrtError(f"{path}: not a valid zstd file ({e})") from None
 
 
 def iter_steps(pool: Path, skip_bad: bool = False, stats: dict | None = None) -> Iterator[StepRecord]:
@@ -142,20 +144,30 @@ def iter_steps(pool: Path, skip_bad: bool = False, stats: dict | None = None) ->
     skipped (`stats["skipped"]`) with skip_bad. Blank lines are ignored."""
     if stats is not None:
         stats.setdefault("skipped", 0)
+    seen: dict[tuple[str, str, int], str] = {}
     for path in pool_files(pool):
-        try:
-            for lineno, text in enumerate(_lines(path), start=1):
-                if not text.strip():
-                    continue
-                try:
-                    yield parse_step(text)
-                except ValueError as e:
-                    if not skip_bad:
-                        raise at(path, lineno, str(e)) from None
-                    if stats is not None:
-                        stats["skipped"] += 1
-        except UnicodeDecodeError:
-            raise SrtError(f"{path}: not UTF-8 text") from None
+        for lineno, text in _lines(path):
+            if not text.strip():
+                continue
+            try:
+                step = _first_of_its_kind(parse_step(text), seen, f"{path.name}:{lineno}")
+            except ValueError as e:
+                if not skip_bad:
+                    raise at(path, lineno, str(e)) from None
+                if stats is not None:
+                    stats["skipped"] += 1
+                continue
+            yield step
+
+
+def _first_of_its_kind(step: StepRecord, seen: dict[tuple[str, str, int], str], here: str) -> StepRecord:
+    """`step`, unless the pool already had this (prompt, trajectory, step): a pool written
+    twice over would count those trajectories twice in their group's advantages."""
+    first = seen.setdefault((step.prompt_uid, step.trajectory_id, step.step), here)
+    if first != here:
+        raise ValueError(f"duplicate step: trajectory {step.trajectory_id!r} step {step.step} "
+                         f"(prompt_uid {step.prompt_uid!r}) is already at {first}")
+    return step
 
 
 def read_pool(pool: Path, skip_bad: bool = False, stats: dict | None = None) -> list[StepRecord]:

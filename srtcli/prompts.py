@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from srtcli.errors import SrtError, at
+from srtcli.jsonl import read_lines
 from srtcli.tokenizers import encode_prompt
 
 
@@ -49,18 +50,17 @@ def render(tokenizer: Any, prompt: Any) -> list[int]:
     return [int(t) for t in encode_prompt(tokenizer, prompt)]
 
 
-def read_prompts(path: str | Path, tokenizer: Any, max_prompt_tokens: int) -> list[PromptRecord]:
-    """All prompts of a JSONL file, validated and tokenized (errors name file and line)."""
+def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, record) of each prompt line, checked as JSON only (no tokenizer needed).
+
+    Enough to check a reward's fields before the model loads; `read_prompts` does the rest."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SrtError(f"{path}: prompts file not found") from None
-    except (UnicodeDecodeError, IsADirectoryError):
-        raise SrtError(f"{path}: not a UTF-8 JSONL file") from None
-    out: list[PromptRecord] = []
-    seen: dict[tuple[int, ...], int] = {}
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    if not path.exists():
+        raise SrtError(f"{path}: prompts file not found")
+    if path.is_dir():
+        raise SrtError(f"{path}: a directory, not a JSONL prompts file")
+    out = []
+    for lineno, line in read_lines(path):
         if not line.strip():
             continue
         try:
@@ -71,6 +71,21 @@ def read_prompts(path: str | Path, tokenizer: Any, max_prompt_tokens: int) -> li
             raise at(path, lineno, "each line must be an object with a `prompt` field")
         if "id" in rec and not isinstance(rec["id"], (str, int)):
             raise at(path, lineno, "`id` must be a string or an integer")
+        out.append((lineno, rec))
+    if not out:
+        raise SrtError(f"{path}: no prompts (the file is empty)")
+    return out
+
+
+def read_prompts(path: str | Path, tokenizer: Any, max_prompt_tokens: int) -> list[PromptRecord]:
+    """All prompts of a JSONL file, validated and tokenized (errors name file and line)."""
+    path = Path(path)
+    out: list[PromptRecord] = []
+    seen: dict[tuple[int, ...], int] = {}
+    # srt checks the length below, naming the line; transformers' own warning ("Token indices
+    # sequence length is longer ...") would only precede that error, so it is marked as given
+    getattr(tokenizer, "deprecation_warnings", {})["sequence-length-is-longer-than-the-specified-maximum"] = True
+    for lineno, rec in read_records(path):
         try:
             ids = render(tokenizer, rec["prompt"])
         except ValueError as e:
@@ -84,6 +99,4 @@ def read_prompts(path: str | Path, tokenizer: Any, max_prompt_tokens: int) -> li
         if first != lineno:  # same ids = same cache uid and pool group: it would merge two groups
             raise at(path, lineno, f"duplicate of line {first} (the same prompt); -n sets samples per prompt")
         out.append(PromptRecord(lineno, rec, str(rec.get("id", f"line-{lineno}")), ids))
-    if not out:
-        raise SrtError(f"{path}: no prompts (the file is empty)")
     return out

@@ -9,6 +9,10 @@ after the prompt (all turns, tool results included).
     fn = load_reward("mypkg.rewards:fn")  # or MODULE:FUNCTION, or path/to/file.py:FUNCTION
     r = fn(record, text)                  # float; user errors become one-line SrtErrors
 
+`reward_for_prompts(spec, records, path)` also checks, before anything is generated, that every
+prompt has the fields the function declares in its `needs` attribute (`exact_match` needs
+`answer`; a user function may set `fn.needs = ("gold",)`).
+
 `load_reward` wraps user functions so that an exception inside one, or a value that is not a
 finite number, is reported as one line naming the function and the prompt id, instead of a
 traceback halfway through a rollout.
@@ -25,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from srtcli.errors import SrtError
+from srtcli.errors import SrtError, at
 
 RewardFn = Callable[[dict, str], float]
 
@@ -57,7 +61,33 @@ def exact_match(prompt_record: dict, completion_text: str) -> float:
     return 1.0 if _normalize(got) == _normalize(prompt_record["answer"]) else 0.0
 
 
+exact_match.needs = ("answer",)  # checked on every prompt before the rollout starts
 BUILTIN: dict[str, RewardFn] = {"exact_match": exact_match}
+
+
+def _no_reward(prompt_record: dict, completion_text: str) -> float:
+    return 0.0
+
+
+def reward_for_prompts(spec: str | None, records: list[tuple[int, dict]], path: Any) -> RewardFn:
+    """The reward of a rollout, checked against the prompts before anything is generated.
+
+    `spec` None: `exact_match` when every prompt has an `answer`, else a reward of 0. A reward
+    function's `needs` attribute (a tuple of field names; `exact_match` needs `answer`) must be
+    present on every prompt record, else a one-line error naming the prompts file and line."""
+    if spec is None:
+        if not all("answer" in rec for _, rec in records):
+            return _no_reward
+        spec = "exact_match"
+    fn = load_reward(spec)
+    needs = getattr(fn, "needs", ()) or ()
+    needs = (needs,) if isinstance(needs, str) else tuple(needs)
+    for lineno, rec in records:
+        missing = [f for f in needs if f not in rec]
+        if missing:
+            fields = ", ".join(f"`{f}`" for f in missing)
+            raise at(path, lineno, f"--reward {spec} needs {fields} on every prompt; this line has none")
+    return fn
 
 
 def _line(e: Exception) -> str:
@@ -104,6 +134,7 @@ def _checked(spec: str, fn: Callable) -> RewardFn:
         return float(value)
 
     reward.__name__ = getattr(fn, "__name__", "reward")
+    reward.needs = getattr(fn, "needs", ())
     reward.__doc__ = getattr(fn, "__doc__", None)
     return reward
 
@@ -127,4 +158,4 @@ def load_reward(spec: str) -> RewardFn:
     return _checked(spec, fn)
 
 
-__all__ = ["RewardFn", "BUILTIN", "exact_match", "extract_answer", "load_reward"]
+__all__ = ["RewardFn", "BUILTIN", "exact_match", "extract_answer", "load_reward", "reward_for_prompts"]

@@ -17,12 +17,15 @@ step's input_ids are `input_ids[paths[off[i]:off[i+1]]]` and nothing else is nee
 
 Writing is all-or-nothing: everything goes to a temporary sibling directory that is renamed
 into place only when complete, so a failed or killed run never leaves a partial shard set.
+An existing `out` is replaced only with `overwrite`, and only if it holds a shard set and
+nothing else (`check_out`): never the input, a regular file or someone's directory.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -93,8 +96,7 @@ def write_shards(
     Every step must carry its advantage (fill it with `srtcli.pool.grpo_advantages`).
     """
     out = Path(out)
-    if out.exists() and not overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise SrtError(f"{out}: already exists (choose another --out, or --overwrite)")
+    check_out(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -108,6 +110,51 @@ def write_shards(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
+
+
+def check_out(out: Path, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
+    """Refuse an `--out` whose replacement would destroy anything but a previous shard set.
+
+    A missing `out` or an empty directory is written; with `overwrite`, so is a directory that
+    holds nothing but a shard set (its manifest and shard files). Never a regular file, a
+    symbolic link, a directory with anything else in it, or one that holds an input."""
+    out = Path(out)
+    for p in inputs:
+        if _contains(out, Path(p)):
+            raise SrtError(f"{out}: holds the input {p} (choose another --out)")
+    if out.is_symlink():
+        raise SrtError(f"{out}: is a symbolic link (pass the directory it points to as --out)")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise SrtError(f"{out}: exists and is not a directory (--out must be a shards directory)")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise SrtError(f"{out}: already exists (choose another --out, or --overwrite)")
+    _check_only_a_shard_set(out)
+
+
+def _contains(out: Path, p: Path) -> bool:
+    out, p = out.resolve(), p.resolve()
+    return p == out or out in p.parents
+
+
+_SHARD_FILE = re.compile(r"shard-\d{5,}\.safetensors")
+
+
+def _check_only_a_shard_set(out: Path) -> None:
+    """`--overwrite` deletes `out`: allowed only for a shard set and nothing else."""
+    mf = out / MANIFEST
+    try:
+        manifest = json.loads(mf.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise SrtError(f"{out}: not a shard set (no srt manifest.json); --overwrite replaces only an `srt pack` output")
+    for p in sorted(out.iterdir()):
+        if p.is_symlink() or not p.is_file() or not (p.name == MANIFEST or _SHARD_FILE.fullmatch(p.name)):
+            raise SrtError(f"{p}: not part of a shard set; --overwrite replaces only a directory holding nothing else")
 
 
 def _pid_alive(pid: int) -> bool:

@@ -24,13 +24,19 @@ How the pieces fit (the engine, `srtcli.engine.Engine`, drives them):
   forward (`packed_attention`). Why both: packing saves the padding's FLOPs on ragged batches
   (a prompt next to decode rows, uneven drafts) but its bookkeeping costs more than it saves
   when there is little padding. Both give bit-identical outputs.
+- Per layer, as transformers defines it: a layer's `sliding_window` narrows the mask to keys
+  fewer than `window` positions behind the query (`Windows`, from the positions of the
+  forward's queries and keys: a tree node's is its depth), and a layer's `softcap` (attention
+  logit softcapping, which SDPA cannot do) runs the explicit eager computation instead of SDPA.
+  Models whose attention carries anything else are refused when they load
+  (srtcli/attention_support.py).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from transformers import AttentionInterface
@@ -49,40 +55,92 @@ class Packed:
     q: int
 
 
-# Set by the engine only for the duration of its own packed forward (see `packed_attention`).
+class Windows:
+    """The positions of one forward's queries and keys, from which `slot_attention` derives a
+    sliding-window layer's mask: key k stays visible to query q iff pos_q - pos_k < window (as
+    transformers' sliding-window masks). `positions` gives ([b, q] query positions, [b, lcur] key
+    positions); it runs only if some layer has a window, once per forward."""
+
+    def __init__(self, positions: Callable[[], tuple[torch.Tensor, torch.Tensor]]):
+        self._positions = positions
+        self._masks: dict[int, torch.Tensor] = {}
+        self._pos: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def mask(self, full: torch.Tensor, window: int) -> torch.Tensor:
+        """`full` (the forward's additive [b, 1, q, lcur] mask) with keys outside `window` hidden."""
+        if window not in self._masks:
+            if self._pos is None:
+                self._pos = tuple(x.to(full.device) for x in self._positions())
+            qpos, kpos = self._pos
+            far = (qpos[:, None, :, None] - kpos[:, None, None, : full.shape[-1]]) >= window
+            self._masks[window] = full.masked_fill(far, torch.finfo(full.dtype).min)
+        return self._masks[window]
+
+
+# Set by the engine only for the duration of its own forward (see `packed_attention`).
 _PACKED: Packed | None = None
+_WINDOWS: Windows | None = None
 
 
 @contextmanager
-def packed_attention(packed: Packed | None) -> Iterator[None]:
-    """Make `slot_attention` use `packed`'s index maps (None: a padded forward) until exit."""
-    global _PACKED
-    _PACKED = packed
+def packed_attention(packed: Packed | None, windows: Windows | None = None) -> Iterator[None]:
+    """Make `slot_attention` use `packed`'s index maps (None: a padded forward) and `windows`'
+    positions for sliding-window layers until exit."""
+    global _PACKED, _WINDOWS
+    _PACKED, _WINDOWS = packed, windows
     try:
         yield
     finally:
-        _PACKED = None
+        _PACKED = _WINDOWS = None
 
 
-def slot_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+def slot_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                   sliding_window=None, softcap=None, **kwargs):
     """SDPA with our explicit additive mask, letting SDPA handle grouped KV heads itself
     (transformers' sdpa path copies K/V per group whenever a mask is given). In a packed
     forward the model's linear layers ran on the T real tokens only ([1, T] input, no padding
     FLOPs); here the queries are laid out as [b, heads, q, dim] for the per-row attention and
-    the outputs are gathered back to the packed order."""
+    the outputs are gathered back to the packed order. A layer's `sliding_window` narrows the
+    mask (`Windows`); a layer's `softcap` (logit softcapping, which SDPA cannot apply) takes
+    the explicit path of transformers' eager attention. What else a layer may pass is refused
+    when the model is loaded (srtcli/attention_support.py), never silently dropped here."""
     pk = _PACKED
     if pk is not None:
         heads, dim = query.shape[1], query.shape[3]
         # [T, heads, dim] is the projections' memory order: gathering along dim 0 is a row copy
         query = query[0].transpose(0, 1).index_select(0, pk.gather).view(pk.b, pk.q, heads, dim).transpose(1, 2)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, scale=scaling,
-        enable_gqa=query.shape[1] != key.shape[1],
-    )
+    if sliding_window is not None:
+        if _WINDOWS is None:
+            raise RuntimeError("srt_slots: a sliding-window layer outside an engine forward")
+        attention_mask = _WINDOWS.mask(attention_mask, sliding_window)
+    if softcap is not None:
+        out = softcapped_attention(query, key, value, attention_mask, scaling, softcap)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scaling,
+            enable_gqa=query.shape[1] != key.shape[1],
+        )
     out = out.transpose(1, 2)
     if pk is not None:
         return out.reshape(pk.b * pk.q, out.shape[2], out.shape[3]).index_select(0, pk.scatter)[None], None
     return out.contiguous(), None
+
+
+def softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         mask: torch.Tensor | None, scaling: float | None, softcap: float) -> torch.Tensor:
+    """[b, h, q, d] attention with logit softcapping, computed as transformers' eager attention
+    does (Gemma2): scores * scaling, then softcap * tanh(scores / softcap), then the additive
+    mask, a float32 softmax."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores + mask
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    return torch.matmul(weights, value)
 
 
 AttentionInterface.register("srt_slots", slot_attention)

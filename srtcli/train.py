@@ -36,10 +36,13 @@ from srtcli.train_ckpt import (
     has_run, latest_checkpoint, load_state, optimizer_state_by_index, publish_final, remove_partial,
     save_checkpoint, set_rng_state, step_dir,
 )
-from srtcli.train_data import TrainData, WorkRow, load_packed, load_steps, micro_batches, plan_batches, split_ranks
+from srtcli.train_data import (
+    TrainData, WorkRow, check_fits, load_packed, load_steps, micro_batches, plan_batches, split_ranks,
+)
 from srtcli.train_forward import micro_tensors
 from srtcli.train_metrics import METRICS, Reporter, trim_metrics
 from srtcli.train_model import check_model_dir, load_model, resolve_model_dir
+from srtcli.train_resume import check_resume, run_definition
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -162,6 +165,14 @@ def load_data(cfg: TrainConfig) -> TrainData:
     return load_packed(Path(cfg.shards))
 
 
+def check_numbers(cfg: TrainConfig) -> None:
+    """Numeric options that the optimizer or the loss would refuse with a traceback."""
+    for name in ("lr", "weight_decay", "clip", "kl_coef", "grad_clip"):
+        value = getattr(cfg, name)
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise SrtError(f"--{name.replace('_', '-')} must be a finite number >= 0, not {value}")
+
+
 def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -189,52 +200,63 @@ class Built:
     ckpt: Path | None
     attn: str
     notes: list[str]
+    run: dict[str, Any]  # the run record every checkpoint keeps (srtcli/train_resume.py)
 
 
-# options that shape the batch plan or the schedule: a resumed run should keep them
-PLAN_KEYS = ("steps", "shards", "batch_size", "epochs", "max_steps", "lr_schedule", "warmup_steps")
-
-
-def _build(cfg: TrainConfig, info: dist.DistInfo, total: int) -> Built:
-    """Model, reference, optimizer, scheduler, and the step to start from."""
+def _build(cfg: TrainConfig, info: dist.DistInfo, total: int, data: TrainData) -> Built:
+    """Model, reference, optimizer, scheduler, and the step to start from; all checks first."""
     model_dir = resolve_model_dir(cfg.model)
     check_model_dir(model_dir)
-    ckpt = latest_checkpoint(Path(cfg.out)) if cfg.resume else None
-    dtype = DTYPES[cfg.dtype]
     attn = resolve_attn(cfg.attn, info.device)
     if cfg.fsdp and not info.active:
         raise SrtError("--fsdp shards over several processes: use --nproc N (N >= 2) or torchrun")
+    run = run_definition(cfg, model_dir, total)
+    ckpt = latest_checkpoint(Path(cfg.out)) if cfg.resume else None
+    state = load_state(ckpt) if ckpt is not None else None
+    notes = check_resume(ckpt, state.get("extra") or {}, run, total) if state is not None else []
+    model, ref = _models(cfg, info, model_dir, ckpt, attn, data)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg.lr_schedule, cfg.warmup_steps, total))
+    start = 0
+    if state is not None:
+        _restore(cfg, model, opt, sched, state)
+        start = int(state["step"])
+    return Built(model_dir, model, ref, opt, sched, start, ckpt, attn, notes, run)
+
+
+def _models(cfg: TrainConfig, info: dist.DistInfo, model_dir: Path, ckpt: Path | None, attn: str,
+            data: TrainData) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The policy (from the checkpoint when resuming) and the reference, each checked to fit
+    the data before anything is written."""
+    dtype, where = DTYPES[cfg.dtype], Path(cfg.steps or cfg.shards)
     model = load_model(ckpt or model_dir, dtype, attn, info.device)
     model.eval()  # dropout off; see the module docstring
+    check_fits(data, model, ckpt or model_dir, where)
     ref = None
     if cfg.kl_coef:
-        ref = load_model(Path(cfg.ref_model) if cfg.ref_model else model_dir, dtype, attn, info.device)
+        ref_dir = Path(cfg.ref_model) if cfg.ref_model else model_dir
+        ref = load_model(ref_dir, dtype, attn, info.device)
         ref.eval().requires_grad_(False)
+        check_fits(data, ref, ref_dir, where)
     if cfg.fsdp:
         from srtcli.train_fsdp import shard
 
         model = shard(model)
         ref = shard(ref) if ref is not None else None
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(cfg.lr_schedule, cfg.warmup_steps, total))
-    start, notes = 0, []
-    if ckpt is not None:
-        state = load_state(ckpt)
-        if cfg.fsdp:
-            from srtcli.train_fsdp import load_optimizer
+    return model, ref
 
-            load_optimizer(model, opt, state["optimizer"])
-        else:
-            opt.load_state_dict(optimizer_state_by_index(model, state["optimizer"]))
-        sched.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        start = int(state["step"])
-        before, now = state.get("extra", {}).get("config", {}), _jsonable(cfg)
-        changed = [k for k in PLAN_KEYS if k in before and before[k] != now[k]]
-        if changed:
-            notes.append(f"warning: resuming with changed {', '.join('--' + k.replace('_', '-') for k in changed)}")
-    return Built(model_dir, model, ref, opt, sched, start, ckpt, attn, notes)
+
+def _restore(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, state: dict) -> None:
+    """Optimizer, scheduler and RNG states of a checkpoint."""
+    if cfg.fsdp:
+        from srtcli.train_fsdp import load_optimizer
+
+        load_optimizer(model, opt, state["optimizer"])
+    else:
+        opt.load_state_dict(optimizer_state_by_index(model, state["optimizer"]))
+    sched.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
 
 
 def _record(step: int, epoch: int, lr: float, res: StepResult, grad_norm: float, secs: float) -> dict[str, Any]:
@@ -258,7 +280,7 @@ def _record(step: int, epoch: int, lr: float, res: StepResult, grad_norm: float,
     }
 
 
-def _save(cfg: TrainConfig, info: dist.DistInfo, step: int, model, opt, sched, model_dir: Path) -> Path | None:
+def _save(cfg: TrainConfig, info: dist.DistInfo, step: int, model, opt, sched, built: Built) -> Path | None:
     path = None
     states: tuple[dict | None, dict | None] = (None, None)
     if cfg.fsdp:  # every rank takes part in gathering the full state
@@ -266,7 +288,8 @@ def _save(cfg: TrainConfig, info: dist.DistInfo, step: int, model, opt, sched, m
 
         states = full_states(model, opt)
     if info.main:
-        path = save_checkpoint(Path(cfg.out), step, model, opt, sched, model_dir, {"config": _jsonable(cfg)}, *states)
+        extra = {"config": _jsonable(cfg), "run": built.run}
+        path = save_checkpoint(Path(cfg.out), step, model, opt, sched, built.model_dir, extra, *states)
     dist.barrier(info)
     return path
 
@@ -278,6 +301,7 @@ def _jsonable(cfg: TrainConfig) -> dict[str, Any]:
 def train(cfg: TrainConfig, info: dist.DistInfo | None = None, json_mode: bool = False) -> dict[str, Any]:
     """Run `srt train`; returns the summary (the `--json` object)."""
     info = info or dist.init()
+    check_numbers(cfg)
     LossConfig(cfg.clip, cfg.kl_coef, cfg.loss_agg)  # validates the aggregation early
     if cfg.dtype not in DTYPES:
         raise SrtError(f"unknown --dtype {cfg.dtype!r}")
@@ -290,7 +314,7 @@ def train(cfg: TrainConfig, info: dist.DistInfo | None = None, json_mode: bool =
     resolve_attn(cfg.attn, info.device)  # a bad choice fails before anything is written
     _check_out(cfg)
     dist.barrier(info)  # every rank checked --out before rank 0 writes to it
-    built = _build(cfg, info, total)
+    built = _build(cfg, info, total, data)  # everything checked: the first write follows
     if info.main:
         Path(cfg.out).mkdir(parents=True, exist_ok=True)
         trim_metrics(Path(cfg.out) / METRICS, built.start)
@@ -303,8 +327,12 @@ def train(cfg: TrainConfig, info: dist.DistInfo | None = None, json_mode: bool =
 
 
 def _loop(cfg, info, data, batches, total, built: Built, reporter) -> dict[str, Any]:
-    model_dir, model, ref, opt, sched = built.model_dir, built.model, built.ref, built.opt, built.sched
+    model, ref, opt, sched = built.model, built.ref, built.opt, built.sched
     start, ckpt, attn = built.start, built.ckpt, built.attn
+    for note in built.notes:
+        reporter.info(note)
+    if start >= total:
+        return _nothing_to_do(cfg, info, data, total, built, reporter)
     loss_cfg = LossConfig(cfg.clip, cfg.kl_coef, cfg.loss_agg)
     params = [p for p in model.parameters() if p.requires_grad]
     reporter.info(
@@ -312,8 +340,6 @@ def _loop(cfg, info, data, batches, total, built: Built, reporter) -> dict[str, 
         f"{len(batches)} optimizer steps per epoch, {total} in all; attention: {attn}; "
         f"world {info.world} on {info.device}" + (f"; resuming at step {start} from {ckpt}" if ckpt else "")
     )
-    for note in built.notes:
-        reporter.info(note)
     first: dict[str, Any] | None = None
     last: dict[str, Any] | None = None
     t0 = time.perf_counter()
@@ -333,20 +359,37 @@ def _loop(cfg, info, data, batches, total, built: Built, reporter) -> dict[str, 
         first = first or rec
         last = rec
         if cfg.save_every > 0 and (step + 1) % cfg.save_every == 0 and step + 1 < total:
-            _save(cfg, info, step + 1, model, opt, sched, model_dir)
+            _save(cfg, info, step + 1, model, opt, sched, built)
             last_saved = step + 1
     if last_saved != total:
-        _save(cfg, info, total, model, opt, sched, model_dir)
+        _save(cfg, info, total, model, opt, sched, built)
     if info.main:
         publish_final(Path(cfg.out), step_dir(Path(cfg.out), total))
     dist.barrier(info)
-    wall = time.perf_counter() - t0
+    return _summary(cfg, info, data, attn, first, last, total, total - start, time.perf_counter() - t0)
+
+
+def _nothing_to_do(cfg, info, data, total: int, built: Built, reporter) -> dict[str, Any]:
+    """A resumed run whose checkpoint is already at (or past) the end of this run's plan."""
+    start = built.start
+    plan = f"{total} step{'' if total == 1 else 's'}"
+    reporter.info(f"nothing to do: {cfg.out} already holds step {start}, the end of this run's plan ({plan})"
+                  if start == total else
+                  f"nothing to do: {cfg.out} already holds step {start}, past the end of this run's plan "
+                  f"({plan}); raise --epochs or --max-steps to train further")
+    if info.main:
+        publish_final(Path(cfg.out), built.ckpt)  # the model at the root is that checkpoint's
+    dist.barrier(info)
+    return _summary(cfg, info, data, built.attn, None, None, start, 0, 0.0)
+
+
+def _summary(cfg, info, data, attn: str, first, last, steps: int, steps_run: int, wall: float) -> dict[str, Any]:
     summary = {
         "loss": first["loss"] if first else None,
         "grad_norm": first["grad_norm"] if first else None,
         "last_loss": last["loss"] if last else None,
-        "steps": total,
-        "steps_run": total - start,
+        "steps": steps,
+        "steps_run": steps_run,
         "wall_s": wall,
         "tokens": sum(r.tokens for r in data.rows),
         "packed_tokens": sum(r.packed_tokens for r in data.rows),

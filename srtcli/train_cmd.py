@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from srtcli.config import config_option
-from srtcli.errors import SrtError
+from srtcli.errors import Interrupted, SrtError
 from srtcli.loss import AGG_MODES
 
 _PATH = click.Path(path_type=Path)
@@ -60,13 +60,20 @@ def train(ctx: click.Context, nproc: int, json_mode: bool, **opts) -> None:
         raise SrtError("give exactly one of --shards DIR or --steps POOL")
     if nproc > 1:
         _precheck(opts)
-        sys.exit(_launch(ctx, nproc, json_mode))
+        try:
+            sys.exit(_launch(ctx, nproc, json_mode))
+        except KeyboardInterrupt:
+            raise interrupted(opts["out"]) from None
     from srtcli import dist
     from srtcli.train import TrainConfig, train as run
 
     info = dist.init()
     try:
         summary = run(TrainConfig(**opts), info, json_mode)
+    except KeyboardInterrupt:
+        if not info.main:  # rank 0 says it once
+            sys.exit(Interrupted.exit_code)
+        raise interrupted(opts["out"]) from None
     finally:
         dist.shutdown(info)
     if info.main:
@@ -76,11 +83,27 @@ def train(ctx: click.Context, nproc: int, json_mode: bool, **opts) -> None:
             click.echo(f"trained {summary['steps_run']} steps in {summary['wall_s']:.1f}s; model in {summary['out']}")
 
 
+def interrupted(out: Path) -> Interrupted:
+    """Ctrl-C: where `--resume` would continue from (the latest complete checkpoint)."""
+    from srtcli.train_ckpt import has_run, latest_checkpoint
+
+    ckpt = latest_checkpoint(out)
+    if ckpt is not None:
+        return Interrupted(f"srt train: interrupted; rerun with --resume to continue from step "
+                           f"{int(ckpt.name[5:])} ({ckpt})")
+    if has_run(out):
+        return Interrupted(f"srt train: interrupted before the first checkpoint; rerun with --resume "
+                           f"to start over in {out} (--save-every N keeps progress)")
+    return Interrupted(f"srt train: interrupted; nothing was written to {out}")
+
+
 def _precheck(opts: dict) -> None:
     """The user errors torchrun would otherwise report N times with a traceback."""
+    from srtcli.train import TrainConfig, check_numbers
     from srtcli.train_ckpt import has_run
     from srtcli.train_model import check_model_dir, resolve_model_dir
 
+    check_numbers(TrainConfig(**opts))
     if opts["steps"] is not None:
         from srtcli.pool import read_pool
 

@@ -108,6 +108,38 @@ def load_packed(shards: Path) -> TrainData:
     return TrainData(rows, "shards", dict(manifest or {}))
 
 
+def check_fits(data: TrainData, model: Any, model_path: Path, where: Path) -> None:
+    """A one-line error unless every token id is in the model's vocabulary and, for a model
+    with a learned position table (GPT-2, OPT), every sequence within its positions; a forward
+    would fail mid-run with an IndexError instead. Rotary and other relative positions have no
+    hard limit and are not checked."""
+    seqs = [s for r in data.rows for s in r.seqs]
+    vocab = model.get_input_embeddings().num_embeddings
+    top = max(max(s.input_ids) for s in seqs)
+    if top >= vocab:
+        raise SrtError(f"{where}: token id {top} is outside the vocabulary of {model_path} ({vocab} ids); "
+                       "was the data made with another model?")
+    limit = position_limit(model)
+    longest = max(len(s) for s in seqs)
+    if limit is not None and longest > limit:
+        raise SrtError(f"{where}: a sequence of {longest} tokens is longer than {model_path} has positions "
+                       f"for ({limit}, a learned position table)")
+
+
+def position_limit(model: Any) -> int | None:
+    """The longest sequence a model with learned absolute positions takes; None otherwise.
+
+    Found from the model: an embedding table besides the token embeddings holds positions."""
+    import torch
+
+    tokens = model.get_input_embeddings()
+    tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding) and m is not tokens]
+    if not tables:
+        return None
+    limit = getattr(model.config, "max_position_embeddings", None)
+    return int(limit) if isinstance(limit, int) and limit > 0 else min(m.num_embeddings for m in tables)
+
+
 def plan_batches(rows: list[WorkRow], batch_size: int) -> list[list[WorkRow]]:
     """Cut the data (in order) into optimizer-step batches of >= batch_size sequences."""
     if batch_size <= 0:

@@ -53,11 +53,11 @@ def targets_of(seqs: list[TrainSeq], width: int, device: torch.device | str) -> 
 
 def _head_split(model: torch.nn.Module):
     """(base model, LM head) when logits are exactly head(base(...)), else (None, None)."""
+    from attention.logprobs import logits_post_processed
+
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    cfg = getattr(model, "config", None)
-    post = getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None)
-    if base is None or base is model or not isinstance(head, torch.nn.Linear) or post:
+    if base is None or base is model or not isinstance(head, torch.nn.Linear) or logits_post_processed(model):
         return None, None
     return base, head
 

@@ -75,6 +75,9 @@ def load_model(path: Path, dtype: torch.dtype, attn: str, device: str) -> torch.
     except Exception as e:  # transformers raises many types; the user needs one line
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise SrtError(f"{path}: cannot load the model ({first})") from None
+    from srtcli.attention_support import check_attention
+
+    check_attention(model, path)  # before anything is written: exact, or refused in one line
     return model.to(device)
 
 

@@ -103,8 +103,11 @@ def run_vllm_rollout(llm: Any = None, **o: Any) -> dict[str, Any]:
     from srtcli.models import check_model_dir, default_model_dir, load_tokenizer
     from srtcli.prompts import read_prompts
 
+    from srtcli.rollout_cmd import check_prompts_early
+
     vllm = _import_vllm()
     on_cpu = _on_cpu(vllm)
+    check_prompts_early(o)
     why = refusal(o, on_cpu)
     if why:
         raise SrtError(why)
@@ -117,7 +120,8 @@ def run_vllm_rollout(llm: Any = None, **o: Any) -> dict[str, Any]:
     prompts = read_prompts(o["prompts_path"], tok, ctx - 1)
     if llm is not None:
         return _rollout(llm, o, tok, prompts, model_dir)
-    llm = make_llm(o, model_dir, ctx)
+    # vLLM sizes per-sequence buffers by max_num_seqs: no more than the prompts can fill
+    llm = make_llm({**o, "batch_size": max(1, min(o["batch_size"], len(prompts) * o["k"]))}, model_dir, ctx)
     try:
         return _rollout(llm, o, tok, prompts, model_dir)
     finally:

@@ -1,4 +1,4 @@
-"""The transformers integration: backend choice, restoring the model, refusing what it cannot do."""
+"""The transformers integration: backend choice, restoring the model, softcapping, refusing what it cannot do."""
 
 from __future__ import annotations
 
@@ -29,14 +29,22 @@ def test_the_model_is_restored_even_when_the_forward_fails():
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_unsupported_attention_features_are_refused_not_ignored():
+def test_softcapping_is_computed_and_sinks_are_refused_not_ignored():
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
     model = tiny_model("qwen2")
     attn = model.model.layers[0].self_attn
     row = pack_rows([[[1, 2, 3]]], max_tokens=16, pad_to=1)[0]
-    q = torch.randn(1, 4, 3, 16)
-    kv = torch.randn(1, 2, 3, 16)
+    torch.manual_seed(0)
+    q, kv = torch.randn(1, 4, 3, 16) * 4, torch.randn(1, 2, 3, 16) * 4
+    causal = torch.zeros(3, 3).masked_fill(torch.ones(3, 3, dtype=torch.bool).triu(1), float("-inf"))[None, None]
+    want, _ = eager_attention_forward(attn, q, kv, kv, causal, scaling=0.25, softcap=2.0)
+    plain, _ = eager_attention_forward(attn, q, kv, kv, causal, scaling=0.25)
+    assert (want - plain).abs().max() > 1e-2  # the softcap matters here
+    for backend in ("sdpa", "eager", "flex"):
+        with tree_attention(model, row.subtree_end, row.position_ids, backend):
+            out, _ = srt_tree_attention(attn, q, kv, kv, None, scaling=0.25, softcap=2.0)
+            torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
     with tree_attention(model, row.subtree_end, row.position_ids, "sdpa"):
-        out, _ = srt_tree_attention(attn, q, kv, kv, None, scaling=0.25)
-        assert out.shape == (1, 3, 4, 16)
-        with pytest.raises(NotImplementedError, match="softcap"):
-            srt_tree_attention(attn, q, kv, kv, None, scaling=0.25, softcap=30.0)
+        with pytest.raises(NotImplementedError, match="s_aux"):
+            srt_tree_attention(attn, q, kv, kv, None, scaling=0.25, s_aux=torch.zeros(4))

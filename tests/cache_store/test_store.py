@@ -397,3 +397,29 @@ def test_info_is_stored_little_endian(tmp_path):
     with s.env.begin() as txn:
         assert struct.unpack("<Q", txn.get(b"tick", db=s.handle().dbs["info"]))[0] == 3
     s.close()
+
+
+def dir_digest(d) -> dict[str, bytes]:
+    """Every name in a directory with its bytes (LMDB's lock file included)."""
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def test_a_refused_foreign_lmdb_is_left_byte_for_byte_as_it_was(tmp_path):
+    foreign = tmp_path / "foreign"
+    env = lmdb.open(str(foreign), max_dbs=4)
+    with env.begin(write=True) as txn:
+        txn.put(b"key", b"value")
+        txn.put(b"a", b"b", db=env.open_db(b"info", txn=txn))  # even a sub-database named like ours
+    env.close()
+    before = dir_digest(foreign)
+    assert set(before) == {"data.mdb", "lock.mdb"}
+    for kw in ({}, {"create": False}, {"readonly": True}):
+        with pytest.raises(NotACacheError, match="foreign"):
+            CacheStore.open(foreign, **kw)
+        assert dir_digest(foreign) == before
+    # an srt cache no srt process has written to (a copied data.mdb) still opens
+    CacheStore.open(tmp_path / "c").close()
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "data.mdb").write_bytes((tmp_path / "c" / "data.mdb").read_bytes())
+    CacheStore.open(copy).close()

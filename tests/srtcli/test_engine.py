@@ -144,9 +144,9 @@ def test_packed_forward_for_every_uneven_forward_is_token_identical(kind, monkey
     packed, padded_pad = [], []
     model_forward, forward_padded = Engine._model_forward, Engine._forward_padded
 
-    def count_model_forward(self, ids, pos, mask, keep, pk, rows):
+    def count_model_forward(self, ids, pos, mask, keep, pk, rows, windows=None):
         packed.append(pk is not None)
-        return model_forward(self, ids, pos, mask, keep, pk, rows)
+        return model_forward(self, ids, pos, mask, keep, pk, rows, windows)
 
     def record_padded(self, rows, inputs, dls):
         padded_pad.append(len(inputs) * max(map(len, inputs)) - sum(map(len, inputs)))

@@ -99,3 +99,54 @@ def make_model_dir(path, kind: str = "llama", sharp: float = 1.0, seed: int = 0)
     model.config.max_position_embeddings = 256
     model.save_pretrained(str(path))
     return path
+
+
+# One tiny random model per architecture family srt accepts, and the sliding-window and
+# softcapping variants (tests/srtcli/test_arch_matrix.py). Windows of 6-16 positions and small
+# softcaps so that ignoring either changes the outputs; init 0.3 so greedy outputs vary.
+ARCH_BASE = dict(vocab_size=646, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=256, eos_token_id=2, pad_token_id=0, bos_token_id=1,
+                 initializer_range=0.3, tie_word_embeddings=False)
+ARCHS = {
+    "llama": ("llama", {}),
+    "qwen2": ("qwen2", {}),
+    "mistral": ("mistral", {"sliding_window": None}),
+    "gpt2": ("gpt2", dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, n_inner=128)),
+    "phi": ("phi", {}),
+    "phi3": ("phi3", {}),
+    "gemma": ("gemma", {"head_dim": 16}),
+    "opt": ("opt", dict(ffn_dim=128, word_embed_proj_dim=64)),
+    "qwen3": ("qwen3", {"head_dim": 16}),
+    "gpt_neox": ("gpt_neox", {}),
+    "mistral_sw": ("mistral", {"sliding_window": 16}),
+    "qwen2_sw": ("qwen2", dict(use_sliding_window=True, sliding_window=8, max_window_layers=1)),
+    "qwen3_sw": ("qwen3", dict(head_dim=16, use_sliding_window=True, sliding_window=6, max_window_layers=1)),
+    "gemma2": ("gemma2", dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8, attn_logit_softcapping=2.0,
+                              final_logit_softcapping=3.0, layer_types=["sliding_attention", "full_attention"])),
+    "gemma3": ("gemma3_text", dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                                   layer_types=["sliding_attention", "full_attention"])),
+}
+WINDOWED = ("mistral_sw", "qwen2_sw", "qwen3_sw", "gemma2", "gemma3")
+SOFTCAPPED = ("gemma2",)
+
+
+def arch_model(name: str, seed: int = 0, **overrides):
+    """The random model of family `name` (ARCHS), float32, eval mode."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model_type, kw = ARCHS[name]
+    torch.manual_seed(seed)
+    cfg = AutoConfig.for_model(model_type, **{**ARCH_BASE, **kw, **overrides})
+    return AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+def make_arch_model_dir(out, name: str, seed: int = 0):
+    """A model directory of family `name` with the bundled tokenizer (vocabulary 646)."""
+    import shutil
+
+    from srtcli.models import default_model_dir
+
+    arch_model(name, seed).save_pretrained(out)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir() / f, out / f)
+    return out

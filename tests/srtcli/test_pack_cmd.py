@@ -173,6 +173,49 @@ def test_existing_output_is_kept_unless_overwrite_and_then_replaced_whole(tmp_pa
     load_shards(tmp_path / "shards")
 
 
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"<dir>" for p in sorted(root.rglob("*"))}
+
+
+def refused(args, why: str):
+    r = run(args)
+    assert r.exit_code == 1 and why in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+    return r
+
+
+def test_overwrite_never_deletes_the_input_or_anything_but_a_shard_set(tmp_path):
+    proj = tmp_path / "proj"
+    write_pool(proj / "pool")
+    (proj / "notes.txt").write_text("mine")
+    before = snapshot(proj)
+    refused(["--steps", proj / "pool", "--out", proj, "--overwrite"], "holds the input")
+    refused(["--steps", proj / "pool", "--out", proj / "pool", "--overwrite"], "holds the input")
+    assert snapshot(proj) == before
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "data.txt").write_text("keep")
+    refused(["--steps", proj / "pool", "--out", tmp_path / "work", "--overwrite"], "not a shard set")
+    assert (tmp_path / "work" / "data.txt").read_text() == "keep"
+    (tmp_path / "file").write_text("a regular file")
+    refused(["--steps", proj / "pool", "--out", tmp_path / "file", "--overwrite"], "not a directory")
+    assert (tmp_path / "file").read_text() == "a regular file"
+
+
+def test_overwrite_refuses_a_shard_set_holding_other_files(tmp_path):
+    write_pool(tmp_path / "pool")
+    out = tmp_path / "shards"
+    assert run(["--steps", tmp_path / "pool", "--out", out]).exit_code == 0
+    for extra in ("notes.txt", "sub/x"):
+        (out / extra).parent.mkdir(exist_ok=True)
+        (out / extra).write_text("mine")
+        before = snapshot(out)
+        refused(["--steps", tmp_path / "pool", "--out", out, "--overwrite"], "not part of a shard set")
+        assert snapshot(out) == before
+        (out / extra).unlink()
+    (out / "sub").rmdir()
+    assert run(["--steps", tmp_path / "pool", "--out", out, "--overwrite"]).exit_code == 0
+
+
 def test_broken_shard_sets_are_one_line_errors(tmp_path):
     from srtcli.errors import SrtError
 

@@ -127,3 +127,35 @@ def test_reward_error_through_click_has_no_traceback(tmp_path):
     out = subprocess.run([sys.executable, str(script), "--reward", "nope_mod:f"], capture_output=True, text=True)
     assert out.returncode == 1
     assert out.stderr.strip() == "Error: reward module 'nope_mod' not found (nope_mod is not importable)"
+
+
+def test_rewards_fields_are_checked_against_every_prompt_before_the_rollout(tmp_path):
+    from srtcli.rewards import reward_for_prompts
+
+    with_answers = [(1, {"prompt": "a", "answer": "1"}), (2, {"prompt": "b", "answer": 2})]
+    assert reward_for_prompts(None, with_answers, "p.jsonl") is exact_match  # every prompt has an answer
+    assert reward_for_prompts(None, [*with_answers, (4, {"prompt": "c"})], "p.jsonl")({}, "x") == 0.0
+    with pytest.raises(SrtError, match=r"^p\.jsonl:4: --reward exact_match needs `answer` on every prompt"):
+        reward_for_prompts("exact_match", [*with_answers, (4, {"prompt": "c"})], "p.jsonl")
+    (tmp_path / "gold.py").write_text("def f(rec, text):\n    return float(rec['gold'] in text)\nf.needs = 'gold'\n")
+    fn = reward_for_prompts(f"{tmp_path / 'gold.py'}:f", [(1, {"prompt": "a", "gold": "x"})], "p.jsonl")
+    assert fn({"gold": "x"}, "x") == 1.0
+    with pytest.raises(SrtError, match=r"^p\.jsonl:3: .* needs `gold`"):
+        reward_for_prompts(f"{tmp_path / 'gold.py'}:f", [(3, {"prompt": "a", "answer": "x"})], "p.jsonl")
+
+
+def test_rollout_with_exact_match_on_prompts_without_answers_writes_nothing(tmp_path):
+    """Refused before the model loads (a missing --model is not even reached), naming file and line."""
+    from click.testing import CliRunner
+
+    from srtcli.cli import cli
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "What is 3*4?", "answer": "12"}\n\n{"prompt": "What is 2+2?"}\n')
+    for model in ([], ["--model", str(tmp_path / "no-model")]):
+        r = CliRunner().invoke(cli, ["rollout", "--prompts", str(prompts), "--reward", "exact_match", "-n", "2",
+                                     "--out", str(tmp_path / "pool"), "--cache", str(tmp_path / "cache"), *model])
+        assert r.exit_code == 1, r.output
+        lines = r.output.strip().splitlines()
+        assert lines == [f"Error: {prompts}:3: --reward exact_match needs `answer` on every prompt; this line has none"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl"]  # no pool, no cache

@@ -253,3 +253,9 @@ def test_tools_none_turns_the_bundled_models_calculator_off(tmp_path):
                                  "--cache", str(tmp_path / "cache"), "--json"])
     summary(r)
     assert {st.step for st in read_pool(tmp_path / "pool")} == {0}  # no tool turns
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_cuda_is_one_line_before_anything_is_written(tmp_path, model_dir):
+    one_line_error(roll(tmp_path, model_dir, "--device", "cuda"), "--device cuda:", "use --device cpu")
+    assert not (tmp_path / "pool").exists() and not (tmp_path / "cache").exists()

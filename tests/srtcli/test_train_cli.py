@@ -150,3 +150,103 @@ def test_bad_input_is_one_line(setup, tmp_path):
     if not torch.cuda.is_available():
         _one_line_error(srt("train", "--steps", setup["pool"], *m, "--attn", "flex"), "CUDA")
     assert not (tmp_path / "o").exists()  # nothing written on a failed start
+
+
+def _small_model(path: Path, kind: str) -> Path:
+    """A model that does not fit the data: a 32-id vocabulary, or GPT-2 with 16 positions."""
+    from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    if kind == "vocab":
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2))
+    else:
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=61, n_positions=16, n_embd=32, n_layer=1, n_head=2))
+    model.save_pretrained(str(path))
+    return path
+
+
+@pytest.mark.parametrize("data", ["steps", "shards"])
+def test_inputs_that_would_fail_mid_run_are_one_line_and_write_nothing(setup, tmp_path, data):
+    d = ["--" + data, setup["pool"] if data == "steps" else setup["shards"]]
+    out = tmp_path / "o"
+    _one_line_error(srt("train", *d, "--model", _small_model(tmp_path / "v", "vocab"), "--out", out),
+                    "is outside the vocabulary", "(32 ids)")
+    _one_line_error(srt("train", *d, "--model", _small_model(tmp_path / "g", "positions"), "--out", out),
+                    "longer than", "positions for (16")
+    for flag, value in (("--lr", "-1"), ("--lr", "nan"), ("--weight-decay", "inf"), ("--clip", "nan")):
+        _one_line_error(srt("train", *d, "--model", setup["model"], "--out", out, flag, value), flag, "finite")
+    _one_line_error(srt("train", *d, "--model", setup["model"], "--out", out, "--kl-coef", "0.1",
+                        "--ref-model", tmp_path / "v"), "is outside the vocabulary", str(tmp_path / "v"))
+    assert not out.exists()  # so a corrected rerun is a fresh run, not "already holds a training run"
+    assert run_json("train", *d, "--model", setup["model"], "--out", out)["steps_run"] == 1
+
+
+def test_resume_refuses_a_changed_run(setup, tmp_path):
+    base = ["train", "--steps", setup["pool"], "--model", setup["model"], "--out", tmp_path / "o", "--lr", "1e-2",
+            "--epochs", "3"]
+    run_json(*base, "--max-steps", "1")
+    before = {p: p.read_bytes() for p in (tmp_path / "o").rglob("*") if p.is_file()}
+    other_pool = write_pool(scenario("k_samples", setup["model"], seed=7), tmp_path / "other-pool")
+    for flags, says in {
+        ("--lr", "5e-3"): "--lr: recorded 0.01, now 0.005",
+        ("--model", setup["ref"]): f"--model: recorded {setup['model']}",
+        ("--steps", other_pool): f"--steps: recorded {setup['pool']}",
+        ("--shards", setup["shards"]): "--shards: recorded not set",
+        ("--clip", "0.3"): "--clip: recorded 0.2, now 0.3",
+        ("--batch-size", "4"): "--batch-size: recorded 0, now 4",
+        ("--kl-coef", "0.1"): "--kl-coef: recorded 0.0, now 0.1",
+        ("--lr-schedule", "cosine"): "--lr-schedule: recorded constant, now cosine",
+    }.items():
+        argv = [*base, "--max-steps", "1", "--resume", *flags]
+        if flags[0] == "--shards":
+            argv = [a for a in argv if a not in ("--steps", setup["pool"])]
+        _one_line_error(srt(*argv), "cannot resume a changed run", says)
+    assert {p: p.read_bytes() for p in (tmp_path / "o").rglob("*") if p.is_file()} == before
+    # speed and memory options may change, and so may the plan's length (--max-steps 0: all 3 steps)
+    r = srt(*base, "--resume", "--micro-batch-tokens", "64", "--attn", "eager", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["steps_run"] == 2
+    assert "note: resuming with --max-steps: recorded 1, now 0: the run now ends at step 3" in r.output
+
+
+def test_resume_with_a_cosine_schedule_keeps_its_length(setup, tmp_path):
+    base = ["train", "--steps", setup["pool"], "--model", setup["model"], "--out", tmp_path / "o", "--lr", "1e-2",
+            "--epochs", "3", "--lr-schedule", "cosine", "--max-steps", "1"]
+    run_json(*base)
+    _one_line_error(srt(*base, "--resume", "--max-steps", "2"), "recorded a cosine schedule of 1 steps, now 2")
+    assert run_json(*base, "--resume", "--epochs", "5")["steps_run"] == 0  # still 1 step: the same schedule
+
+
+def test_resume_past_the_end_of_the_plan_does_nothing(setup, tmp_path):
+    base = ["train", "--steps", setup["pool"], "--model", setup["model"], "--out", tmp_path / "o", "--lr", "1e-2"]
+    assert run_json(*base, "--epochs", "3")["steps"] == 3  # one optimizer step per epoch
+    w = weights(tmp_path / "o")
+    r = srt(*base, "--resume", "--max-steps", "9", "--json")  # --epochs 1 now: a 1-step plan
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    assert s["steps_run"] == 0 and s["steps"] == 3
+    said = [line for line in r.output.splitlines() if "nothing to do" in line]
+    assert len(said) == 1 and "already holds step 3" in said[0]
+    assert "the run now ends at step 1" in r.output  # the changed plan length is said, not hidden
+    assert sorted(p.name for p in (tmp_path / "o" / "checkpoints").iterdir()) == ["step-00000003"]
+    wa = weights(tmp_path / "o")
+    assert all(torch.equal(w[k], wa[k]) for k in w)
+    again = run_json(*base, "--epochs", "3", "--resume")  # resuming a finished run: nothing to do either
+    assert again["steps_run"] == 0 and again["steps"] == 3
+
+
+def test_a_checkpoint_without_a_run_record_resumes_with_a_note(setup, tmp_path):
+    base = ["train", "--steps", setup["pool"], "--model", setup["model"], "--out", tmp_path / "o", "--lr", "1e-2",
+            "--epochs", "2"]
+    run_json(*base, "--max-steps", "1")
+    state_file = tmp_path / "o" / "checkpoints" / "step-00000001" / "trainer_state.pt"
+    state = torch.load(state_file, weights_only=False)
+    del state["extra"]["run"]  # as an older srt wrote it: the options only
+    torch.save(state, state_file)
+    _one_line_error(srt(*base, "--resume", "--lr", "1e-3"), "--lr: recorded 0.01, now 0.001")
+    r = srt(*base, "--resume", "--json")
+    assert r.exit_code == 0, r.output
+    notes = [line for line in r.output.splitlines() if "no run record" in line]
+    assert len(notes) == 1 and "model and data could not be checked" in notes[0]
+    assert json.loads(r.stdout.strip().splitlines()[-1])["steps_run"] == 1

@@ -1,0 +1,38 @@
+"""Every command that takes `--cache` refuses a foreign LMDB with one line and leaves it byte for
+byte as it was (no `srt.lock`, LMDB's lock file untouched)."""
+
+from __future__ import annotations
+
+import json
+
+import lmdb
+from click.testing import CliRunner
+
+from srtcli.cli import cli
+
+
+def digest(d) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+def test_commands_refuse_a_foreign_lmdb_without_writing_to_it(tmp_path):
+    foreign = tmp_path / "foreign"
+    env = lmdb.open(str(foreign), max_dbs=4)
+    with env.begin(write=True) as txn:
+        txn.put(b"key", b"value")
+    env.close()
+    before = digest(foreign)
+    rollouts = tmp_path / "r.jsonl"
+    rollouts.write_text(json.dumps({"prompt_ids": [1, 2], "response_ids": [3]}) + "\n")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "What is 2+2?"}) + "\n")
+    for args in (["cache", "stats"], ["cache", "prune", "--max-trees", "1", "--yes"],
+                 ["cache", "add", str(rollouts), "--tokenizer-fingerprint", "fp"],
+                 ["cache", "export", str(tmp_path / "exp")],
+                 ["rollout", "--prompts", str(prompts), "-n", "1", "--out", str(tmp_path / "pool")]):
+        r = CliRunner().invoke(cli, [*args, "--cache", str(foreign)])
+        assert r.exit_code == 1, (args, r.output)
+        lines = r.output.strip().splitlines()
+        assert len(lines) == 1 and "not an srt cache" in lines[0], (args, r.output)
+        assert digest(foreign) == before, args
+    assert not (tmp_path / "exp").exists() and not (tmp_path / "pool").exists()
