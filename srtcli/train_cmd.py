@@ -70,6 +70,9 @@ def train(ctx: click.Context, nproc: int, json_mode: bool, **opts) -> None:
     info = dist.init()
     try:
         summary = run(TrainConfig(**opts), info, json_mode)
+        # leave together: a gloo rank tearing down while another still writes the last
+        # checkpoint has been seen to abort at exit (only on success: a failed rank must exit)
+        dist.barrier(info)
     except KeyboardInterrupt:
         if not info.main:  # rank 0 says it once
             sys.exit(Interrupted.exit_code)

@@ -61,6 +61,7 @@ def _worker(rank: int, store: str, model: str, pool: str, shards: str, out: str)
             results[(kind, agg, wrong)] = grads(Path(model), rows, LossConfig(agg=agg), micro=64, info=info)
         if rank == 0:
             torch.save(results, out)
+        tdist.barrier()  # leave together, as `srt train` does (srtcli/train_cmd.py)
     finally:
         dist.all_reduce_sum = real
         tdist.destroy_process_group()
