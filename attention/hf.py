@@ -114,23 +114,28 @@ def _keys(x: torch.Tensor, keys: slice | torch.Tensor) -> torch.Tensor:
     return x[:, :, keys] if isinstance(keys, slice) else x.index_select(2, keys)
 
 
-def _explicit(module, query, key, value, mask, dropout, scaling, softcap):
+def explicit_attention(query, key, value, mask, scaling=None, softcap=None, dropout=0.0, training=False):
     """Attention computed as transformers' eager attention does: scores * scaling, then
-    softcap * tanh(scores / softcap) if the layer softcaps, then the bool mask, a float32
-    softmax. Returns (output [B, H, q, D], weights)."""
+    softcap * tanh(scores / softcap) if the layer softcaps, then the mask (bool, True = seen,
+    or additive), a float32 softmax; grouped KV heads repeated. SDPA cannot softcap, so every
+    softcapping layer (here and in the rollout engine) takes this path.
+    Returns (output [B, H, q, D], weights)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     scores = torch.matmul(query, key.transpose(2, 3)) * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = scores.masked_fill(~mask, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    weights = torch.nn.functional.dropout(weights, p=dropout, training=module.training)
+    weights = torch.nn.functional.dropout(weights, p=dropout, training=training)
     return torch.matmul(weights, value), weights
 
 
 def _sdpa_block(module, query, key, value, mask, dropout, scaling, softcap):
     if softcap is not None:  # SDPA cannot softcap: the same block, computed explicitly
-        return _explicit(module, query, key, value, mask, dropout, scaling, softcap)[0]
+        return explicit_attention(query, key, value, mask, scaling, softcap, dropout, module.training)[0]
     return torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
 
@@ -152,7 +157,8 @@ def _tree_forward(row: _Row, module, query, key, value, dropout, scaling, window
         ]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
         return out.transpose(1, 2).contiguous(), None
-    out, weights = _explicit(module, query, key, value, row.bool_mask(window), dropout, scaling, softcap)
+    out, weights = explicit_attention(query, key, value, row.bool_mask(window), scaling, softcap, dropout,
+                                      module.training)
     return out.transpose(1, 2).contiguous(), weights
 
 

@@ -35,13 +35,19 @@ def logits_post_processed(model: torch.nn.Module) -> bool:
     return bool(getattr(model, POST_HEAD, False) or named)
 
 
-def _head_split(model: torch.nn.Module):
-    """(base model, head) to score hidden states chunk by chunk, or (None, None) if unsafe."""
+def base_and_head(model: torch.nn.Module):
+    """(base model, LM head) of a causal LM whose head is a plain Linear on the base model's
+    last hidden states, else (None, None)."""
     base = getattr(model, getattr(model, "base_model_prefix", ""), None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if base is None or base is model or not isinstance(head, torch.nn.Linear) or logits_post_processed(model):
+    if base is None or base is model or not isinstance(head, torch.nn.Linear):
         return None, None
     return base, head
+
+
+def head_split(model: torch.nn.Module):
+    """(base model, head) to score hidden states chunk by chunk, or (None, None) if unsafe."""
+    return (None, None) if logits_post_processed(model) else base_and_head(model)
 
 
 def _score_chunk(h: torch.Tensor, head, local: torch.Tensor, tok: torch.Tensor, want_ent: bool):
@@ -82,7 +88,7 @@ def row_logprobs(
     device = next(model.parameters()).device
     ids = row.input_ids.to(device)[None]
     pos = row.position_ids.to(device)[None]
-    base, head = _head_split(model)
+    base, head = head_split(model)
     with tree_attention(model, row.subtree_end, row.position_ids, backend):
         if base is not None:
             states = base(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]

@@ -31,7 +31,7 @@ from typing import Any, Iterator
 
 import torch
 
-from attention.logprobs import POST_HEAD
+from attention.logprobs import POST_HEAD, base_and_head
 from srtcli.errors import SrtError
 
 PROBE = "srt_probe"
@@ -136,9 +136,8 @@ def _check_given_mask(calls: list[_Call], given: torch.Tensor) -> str | None:
 
 def _post_processed(model: torch.nn.Module, logits: torch.Tensor, inputs: dict[str, Any]) -> bool:
     """True unless the logits are exactly the LM head applied to the base model's last states."""
-    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if base is None or base is model or not isinstance(head, torch.nn.Linear):
+    base, head = base_and_head(model)
+    if base is None:
         return True
     states = base(**inputs).last_hidden_state
     return not torch.allclose(head(states).float(), logits.float(), rtol=1e-4, atol=1e-5)

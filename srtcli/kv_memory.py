@@ -19,6 +19,8 @@ import torch
 
 from srtcli.errors import SrtError
 
+_LAYERS = "_srt_kv_layers"  # a model attribute: its layers' (kv_heads, head_dim, dtype)
+
 
 @torch.inference_mode()
 def _probe(model: Any) -> list[tuple[int, int, torch.dtype]] | None:
@@ -47,7 +49,10 @@ def _from_config(model: Any) -> list[tuple[int, int, torch.dtype]] | None:
 def kv_cache_bytes(model: Any, slots: int, max_len: int) -> int | None:
     """Bytes of the engine's cache for `model`: per layer, keys and values of
     [slots, kv_heads, max_len + 1, head_dim]; None if the model does not tell."""
-    layers = _probe(model) or _from_config(model)
+    layers = getattr(model, _LAYERS, None)
+    if layers is None:  # probed once per model: the rollout checks before and in the engine
+        layers = _probe(model) or _from_config(model)
+        setattr(model, _LAYERS, layers)
     if layers is None:
         return None
     return sum(2 * slots * kv * (max_len + 1) * dim * dtype.itemsize for kv, dim, dtype in layers)

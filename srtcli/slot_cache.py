@@ -42,6 +42,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache
 
+from attention.hf import explicit_attention
+
 
 @dataclass
 class Packed:
@@ -114,7 +116,7 @@ def slot_attention(module, query, key, value, attention_mask, dropout=0.0, scali
             raise RuntimeError("srt_slots: a sliding-window layer outside an engine forward")
         attention_mask = _WINDOWS.mask(attention_mask, sliding_window)
     if softcap is not None:
-        out = softcapped_attention(query, key, value, attention_mask, scaling, softcap)
+        out = explicit_attention(query, key, value, attention_mask, scaling, softcap)[0]
     else:
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, scale=scaling,
@@ -124,23 +126,6 @@ def slot_attention(module, query, key, value, attention_mask, dropout=0.0, scali
     if pk is not None:
         return out.reshape(pk.b * pk.q, out.shape[2], out.shape[3]).index_select(0, pk.scatter)[None], None
     return out.contiguous(), None
-
-
-def softcapped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         mask: torch.Tensor | None, scaling: float | None, softcap: float) -> torch.Tensor:
-    """[b, h, q, d] attention with logit softcapping, computed as transformers' eager attention
-    does (Gemma2): scores * scaling, then softcap * tanh(scores / softcap), then the additive
-    mask, a float32 softmax."""
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    scores = torch.matmul(query, key.transpose(2, 3)) * scale
-    scores = torch.tanh(scores / softcap) * softcap
-    if mask is not None:
-        scores = scores + mask
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    return torch.matmul(weights, value)
 
 
 AttentionInterface.register("srt_slots", slot_attention)

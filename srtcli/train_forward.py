@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from attention.logprobs import head_split
+
 from srtcli.train_data import TrainSeq, WorkRow
 
 CHUNK = 1024  # positions per LM-head chunk: bounds memory at CHUNK x vocab floats
@@ -51,17 +53,6 @@ def targets_of(seqs: list[TrainSeq], width: int, device: torch.device | str) -> 
     return old.to(device), mask.to(device), adv.to(device)
 
 
-def _head_split(model: torch.nn.Module):
-    """(base model, LM head) when logits are exactly head(base(...)), else (None, None)."""
-    from attention.logprobs import logits_post_processed
-
-    base = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if base is None or base is model or not isinstance(head, torch.nn.Linear) or logits_post_processed(model):
-        return None, None
-    return base, head
-
-
 def _score(h: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor) -> torch.Tensor:
     return token_logprobs(head(h), targets)
 
@@ -80,7 +71,7 @@ def plain_logprobs(model: torch.nn.Module, seqs: list[TrainSeq], device: torch.d
         ids[i, : len(s)] = torch.tensor(s.input_ids, dtype=torch.long)
         att[i, : len(s)] = 1
     ids, att = ids.to(device), att.to(device)
-    base, head = _head_split(model)
+    base, head = head_split(model)
     if base is None:
         logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits
         return token_logprobs(logits[:, :-1], ids[:, 1:])

@@ -9,10 +9,7 @@ import lmdb
 from click.testing import CliRunner
 
 from srtcli.cli import cli
-
-
-def digest(d) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+from tests.cache_store.test_store import dir_digest as digest
 
 
 def test_commands_refuse_a_foreign_lmdb_without_writing_to_it(tmp_path):

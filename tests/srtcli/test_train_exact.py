@@ -138,5 +138,5 @@ def test_plain_path_head_chunks_change_nothing(models, data, monkeypatch):
     want = grads(models["policy"], plain, cfg, ref_path=models["ref"])
     monkeypatch.setattr(tf, "CHUNK", 7)
     _check(grads(models["policy"], plain, cfg, ref_path=models["ref"]), want)
-    monkeypatch.setattr(tf, "_head_split", lambda model: (None, None))
+    monkeypatch.setattr(tf, "head_split", lambda model: (None, None))
     _check(grads(models["policy"], plain, cfg, ref_path=models["ref"]), want)
