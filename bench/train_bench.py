@@ -51,7 +51,7 @@ def synthetic_steps(n: int, prefix: int, branch: int, vocab: int, seed: int = 0)
 def work_rows(steps, mode: str):
     from attention import pack_rows
     from srtcli.pool import grpo_advantages
-    from srtcli.train_data import TrainSeq, WorkRow
+    from srtcli.train.data import TrainSeq, WorkRow
 
     adv = grpo_advantages(steps)
     seqs = [TrainSeq.from_step(s, a) for s, a in zip(steps, adv)]
@@ -79,7 +79,7 @@ def setup(args):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from srtcli.pool import read_pool
-    from srtcli.train import resolve_attn
+    from srtcli.train.loop import resolve_attn
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -101,9 +101,9 @@ def one_step(model, opt, rows, mode: str, device: str, attn: str):
     """One full optimizer step; returns (seconds, StepResult)."""
     import torch
 
-    from srtcli.dist import DistInfo
-    from srtcli.loss import LossConfig
-    from srtcli.train import step_gradients
+    from srtcli.train.dist import DistInfo
+    from srtcli.train.loss import LossConfig
+    from srtcli.train.loop import step_gradients
 
     micro = 0 if mode == "single" else 1 << 30
     if device == "cuda":

@@ -1,6 +1,6 @@
 """What srt's own attention implements, checked on a loaded model before anything runs.
 
-srt replaces a model's attention in the rollout engine (`srt_slots`, srtcli/slot_cache.py) and
+srt replaces a model's attention in the rollout engine (`srt_slots`, srtcli/rollout/engine/slot_cache.py) and
 in packed training (`srt_tree`, attention/hf.py). Both compute what transformers' eager
 attention computes from what each layer passes: scaled dot-product attention with the layer's
 `scaling` and grouped KV heads, the layer's `sliding_window` (key k visible to query q iff
@@ -20,7 +20,7 @@ It also makes the model's own forwards exact where transformers' are not: its sd
 silently ignores `softcap`, so a softcapping model loaded with sdpa is switched to eager (the
 plain forwards of `srt train --steps`). And it marks a model whose logits are not its LM head
 applied to the last hidden states (final-logit softcapping, a logit scale), so that srt's
-chunked log-prob paths (attention/logprobs.py, srtcli/train_forward.py) use the full logits.
+chunked log-prob paths (attention/logprobs.py, srtcli/train/logprobs.py) use the full logits.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 This is the simple, obviously-correct way to roll out the bundled workload (batched `generate`,
 one turn at a time): it stops a turn at `</calc>` or the eos, appends the calculator's
 `<result>...</result>`, and continues, up to `max_turns` turns and `max_new_tokens` generated
-tokens per sample. Rewards come from `srtcli.rewards`. It reports the mean reward, how many
+tokens per sample. Rewards come from `srtcli.rollout.rewards`. It reports the mean reward, how many
 prompts have rewards that differ inside their group (GRPO needs that), and how often the tool is
 used. The model tests (tests/srtcli/test_model.py) use it; docs/model.md quotes its numbers.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from srtcli.models import default_model_dir, load_model_and_tokenizer
-from srtcli.rewards import load_reward
-from srtcli.tools import CALC_CLOSE, find_tool_call, run_tool
+from srtcli.rollout.rewards import load_reward
+from srtcli.rollout.tools import CALC_CLOSE, find_tool_call, run_tool
 
 
 @dataclass

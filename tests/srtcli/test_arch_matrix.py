@@ -1,6 +1,6 @@
 """Exact on every architecture family srt accepts, sliding windows and softcapping included.
 
-One tiny random model per family (tests/srtcli/test_engine_support.py ARCHS: Llama, Qwen2 with
+One tiny random model per family (tests/srtcli/rollout/engine/support.py ARCHS: Llama, Qwen2 with
 grouped KV heads, Mistral, GPT-2, Phi, Phi-3, Gemma, OPT, Qwen3, GPT-NeoX; Mistral with a
 16-position window on 60-token sequences, Qwen2 and Qwen3 with a window on one layer, Gemma2
 with alternating windows and attention and final-logit softcaps, Gemma3), with the bundled
@@ -32,7 +32,7 @@ from transformers import AttentionInterface, AutoModelForCausalLM
 
 from srtcli.cli import cli
 from srtcli.pool import read_pool
-from tests.srtcli.test_engine_support import ARCHS, DEVICE, SOFTCAPPED, WINDOWED, make_arch_model_dir
+from tests.srtcli.rollout.engine.support import ARCHS, DEVICE, SOFTCAPPED, WINDOWED, make_arch_model_dir
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
@@ -132,8 +132,8 @@ def shards_of(root: Path, name: str) -> Path:
 
 
 def packed_logprob_error(root: Path, name: str, backend: str) -> float:
-    from srtcli.train_data import load_packed
-    from srtcli.train_forward import packed_logprobs
+    from srtcli.train.data import load_packed
+    from srtcli.train.logprobs import packed_logprobs
 
     ref = hf_model(model_dir(root, name), name)
     worst = 0.0
@@ -270,11 +270,11 @@ def test_post_processed_logits_are_found_from_the_model():
 def test_tree_drafts_see_the_window_by_depth(name):
     """Tree nodes sit at the positions of their depths, not of their cache columns: a window of
     2 positions hides a node's grandparent and all but the last pending token."""
-    from srtcli.engine import Engine, Sequence
-    from srtcli.sampling import SamplingParams
-    from tests.srtcli.test_engine import PROMPTS, drive
-    from tests.srtcli.test_engine_support import arch_model, plain_greedy
-    from tests.srtcli.test_tree_verify import OracleTree
+    from srtcli.rollout.engine.engine import Engine, Sequence
+    from srtcli.rollout.engine.sampling import SamplingParams
+    from tests.srtcli.rollout.engine.test_engine import PROMPTS, drive
+    from tests.srtcli.rollout.engine.support import arch_model, plain_greedy
+    from tests.srtcli.rollout.engine.test_tree_verify import OracleTree
 
     model = arch_model(name, sliding_window=2, attn_implementation="eager")
     new = [8 + 3 * i for i in range(len(PROMPTS))]

@@ -16,7 +16,7 @@ from srtcli.errors import SrtError
 from srtcli.jsonl import read_lines
 from srtcli.models import default_model_dir
 from srtcli.pool import StepRecord, read_pool
-from srtcli.prompts import read_prompts
+from srtcli.rollout.prompts import read_prompts
 from srtcli.tokenizers import encode_prompt, load_tokenizer
 
 BOM = b"\xef\xbb\xbf"

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from srtcli.models import default_model_dir, load_model_and_tokenizer
-from srtcli.tools import CALC_CLOSE
+from srtcli.rollout.tools import CALC_CLOSE
 
 ROOT = Path(__file__).resolve().parents[2]
 ARITH = ROOT / "examples" / "arith"

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from srtcli.models import load_model_and_tokenizer
-from srtcli.rewards import exact_match
-from srtcli.tools import calculator
+from srtcli.rollout.rewards import exact_match
+from srtcli.rollout.tools import calculator
 
 ARITH = Path(__file__).resolve().parents[2] / "examples" / "arith"
 sys.path.insert(0, str(ARITH))

@@ -1,0 +1,396 @@
+"""`srt cache`: inspect, prune, export, import and warm the persistent tree cache.
+
+    srt cache stats  [--cache DIR] [--json]
+    srt cache prune  --max-bytes N | --max-trees N | --older-than 7d | --min-count X | --drop-corrupt
+                     [--compact] [--dry-run] [--yes]
+    srt cache export OUT        a compacted, portable copy
+    srt cache import IN         add another cache's counts to this one
+    srt cache add SOURCE        warm the cache from rollout JSONL or a steps pool
+
+The cache is `--cache DIR`, else `$SRT_CACHE`, else `~/.cache/srt`. stats/prune/export/import
+never import torch (only `add` may, to load a tokenizer). The store itself is in
+cache_store/; this module parses flags, maps every cache error to one line (exit 1), and
+prints (`--json`: one JSON object, the last line of stdout, whose `cache` is the cache
+directory and `out` what the command wrote, as in every srt command).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import click
+
+from srtcli.cli.config import config_option
+from srtcli.errors import SrtError
+
+
+def default_cache_dir() -> Path:
+    """`$SRT_CACHE`, else `~/.cache/srt`."""
+    env = os.environ.get("SRT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "srt"
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+    click.echo(f"srt: warning: {message}", err=True)
+
+
+@contextmanager
+def open_store(path: Path | None, create: bool = False, readonly: bool = False, **settings: Any) -> Iterator[Any]:
+    """Open a cache for a command; every cache error becomes a one-line SrtError."""
+    import lmdb
+
+    from cache_store.errors import CacheError
+    from cache_store.store import CacheStore
+
+    path = Path(path).expanduser() if path else default_cache_dir()
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning  # restored on exit by catch_warnings
+        try:
+            store = CacheStore.open(path, create=create, readonly=readonly, **settings)
+        except (CacheError, ValueError) as e:
+            raise SrtError(str(e)) from None
+        except lmdb.Error as e:
+            raise SrtError(f"{path}: cannot open the cache: {e}") from None
+        try:
+            yield store
+        except CacheError as e:
+            raise SrtError(str(e)) from None
+        except lmdb.Error as e:
+            raise SrtError(f"{path}: LMDB error: {e}") from None
+        finally:
+            store.close()
+
+
+def emit(as_json: bool, obj: dict[str, Any], lines: list[str]) -> None:
+    """Print the human lines, or the JSON object as the last line of stdout."""
+    if as_json:
+        click.echo(json.dumps(obj, separators=(",", ":")))
+    else:
+        for line in lines:
+            click.echo(line)
+
+
+cache_opt = click.option("--cache", type=click.Path(file_okay=True), default=None,
+                         help="Cache directory (default: $SRT_CACHE, else ~/.cache/srt).")
+json_opt = click.option("--json", is_flag=True, help="Print one JSON object.")
+
+
+@click.group()
+def cache() -> None:
+    """The persistent per-prompt tree cache (LMDB)."""
+
+
+@cache.command()
+@config_option
+@cache_opt
+@click.option("--top", type=click.IntRange(0, 1000), default=5, show_default=True, help="Largest trees to list.")
+@click.option("--verify/--no-verify", default=True, show_default=True,
+              help="Check every record's checksum (reads all records); --no-verify reads only metadata.")
+@json_opt
+def stats(cache: str | None, top: int, verify: bool, json: bool) -> None:  # noqa: A002 - names are the flags
+    """Trees, nodes, tokens, bytes, compression, corrupt records, access times."""
+    from cache_store.report import stats_lines
+    from cache_store.stats import cache_stats
+
+    with open_store(cache, readonly=True) as store:
+        st = cache_stats(store, top=top, verify=verify)
+    emit(json, {"cache": st.path, **st.to_dict()}, stats_lines(st))  # `path`: the old name of `cache`
+
+
+def _criteria(max_bytes, max_trees, older_than, min_count, drop_corrupt):  # noqa: ANN001, ANN202
+    from cache_store.clock import parse_duration, parse_size
+    from cache_store.prune import PruneCriteria
+
+    try:
+        crit = PruneCriteria(
+            max_bytes=None if max_bytes is None else parse_size(max_bytes),
+            max_trees=max_trees,
+            older_than=None if older_than is None else parse_duration(older_than),
+            min_count=min_count,
+            drop_corrupt=drop_corrupt,
+        )
+    except ValueError as e:
+        raise SrtError(str(e)) from None
+    if min_count is not None and not (min_count >= 0):
+        raise SrtError(f"--min-count must be >= 0, got {min_count}")
+    return crit
+
+
+@cache.command()
+@config_option
+@cache_opt
+@click.option("--max-bytes", default=None, help="Evict least recently used trees down to N bytes (512M, 2G).")
+@click.option("--max-trees", type=click.IntRange(min=0), default=None, help="Keep at most N trees (LRU).")
+@click.option("--older-than", default=None, help="Drop trees not accessed for this long (30s, 10m, 12h, 7d).")
+@click.option("--min-count", type=float, default=None, help="Drop nodes whose decayed count is below X.")
+@click.option("--drop-corrupt", is_flag=True, help="Drop records that fail their checksum.")
+@click.option("--compact", is_flag=True, help="Shrink the file afterwards (compact copy + atomic swap).")
+@click.option("--dry-run", is_flag=True, help="Report what would go; change nothing.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@json_opt
+def prune(cache, max_bytes, max_trees, older_than, min_count, drop_corrupt, compact, dry_run, yes,
+          json) -> None:  # noqa: ANN001, A002 - parameter names are the flag names (--config keys)
+    """Evict trees (LRU, age, corrupt) and trim rare nodes; optionally compact the file."""
+    from cache_store.prune import apply_prune, plan_prune
+    from cache_store.report import prune_lines
+
+    crit = _criteria(max_bytes, max_trees, older_than, min_count, drop_corrupt)
+    if not crit.any() and not compact:
+        raise SrtError("nothing to do: give --max-bytes, --max-trees, --older-than, --min-count, "
+                       "--drop-corrupt or --compact")
+    as_json = json
+    with open_store(cache) as store:
+        plan = plan_prune(store, crit)
+        out = {"cache": str(store.path), "dry_run": dry_run, **plan.to_dict()}
+        if dry_run:
+            emit(as_json, out, prune_lines(plan, dry_run=True))
+            return
+        if compact:  # refuse before pruning, not halfway through
+            from cache_store.transfer import check_compactable
+
+            check_compactable(store)
+        _confirm(yes, f"Remove {len(plan.evicted())} of {plan.trees_before} trees from {store.path}"
+                 f"{' and compact it' if compact else ''}?")
+        if crit.any():
+            apply_prune(store, crit, plan)
+        lines = prune_lines(plan, dry_run=False)
+        if compact:
+            from cache_store.transfer import compact as do_compact
+
+            before, after = do_compact(store)
+            out.update(file_bytes_before=before, file_bytes_after=after)
+            lines.append(f"compacted: {before:,} -> {after:,} bytes")
+    emit(as_json, out, lines)
+
+
+def _confirm(yes: bool, question: str) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise SrtError("refusing to modify the cache without --yes (stdin is not a terminal); "
+                       "use --dry-run to see what would go")
+    if not click.confirm(question, default=False):
+        raise SrtError("aborted; nothing changed")
+
+
+@cache.command()
+@config_option
+@cache_opt
+@click.argument("out", type=click.Path())
+@json_opt
+def export(cache: str | None, out: str, json: bool) -> None:  # noqa: A002
+    """Write a compacted, portable copy of the cache to the new directory OUT."""
+    from cache_store.transfer import export as do_export
+
+    as_json = json
+    with open_store(cache, readonly=True) as store:
+        try:
+            size = do_export(store, out)
+        except OSError as e:
+            raise SrtError(f"{out}: cannot write the export: {e.strerror or e}") from None
+    emit(as_json, {"cache": str(store.path), "out": out, "bytes": size},
+         [f"exported {store.path} -> {out} ({size:,} bytes)"])
+
+
+@cache.command(name="import")
+@config_option
+@cache_opt
+@click.argument("src", metavar="IN", type=click.Path())
+@json_opt
+def import_(cache: str | None, src: str, json: bool) -> None:  # noqa: A002
+    """Add the counts of the cache (or export) IN to this cache. Importing twice adds twice."""
+    from cache_store.transfer import import_cache
+
+    as_json = json
+    with open_store(cache, create=True) as store:
+        rep = import_cache(store, src)
+    obj = {"cache": str(store.path), "trees": rep.trees, "new": rep.new, "corrupt": rep.corrupt,
+           "incompatible": rep.incompatible, "tokens": rep.tokens}
+    emit(as_json, obj, [f"imported {rep.trees} trees ({rep.new} new, {rep.tokens:,.0f} tokens) from {src}"
+                        + (f"; skipped {rep.corrupt} corrupt" if rep.corrupt else "")
+                        + (f"; skipped {rep.incompatible} of another depth" if rep.incompatible else "")])
+
+
+@cache.command()
+@config_option
+@cache_opt
+@click.argument("source", type=click.Path())
+@click.option("--model", default=None, help="Model directory whose tokenizer (and chat template) to use.")
+@click.option("--tokenizer-fingerprint", default=None, help="Fingerprint to file token-id rollouts under.")
+@click.option("--skip-bad", is_flag=True, help="Count and skip bad lines instead of stopping.")
+@click.option("--half-life", type=float, default=None, help="Decay half-life in ticks (new caches only).")
+@click.option("--floor", type=float, default=None, help="Counts below this vanish (new caches only).")
+@json_opt
+def add(cache, source, model, tokenizer_fingerprint, skip_bad, half_life, floor, json) -> None:  # noqa: ANN001, A002
+    """Warm the cache from rollouts in a JSONL file or a steps pool (SOURCE)."""
+    as_json = json
+    obj = run_add(Path(source), model, tokenizer_fingerprint, skip_bad, cache, half_life, floor, as_json)
+    emit(as_json, obj, [
+        f"added {obj['rollouts']} rollouts ({obj['tokens']:,} tokens) to {obj['trees']} trees in {obj['cache']}"
+        + (f"; skipped {obj['skipped']} bad lines" if obj["skipped"] else "")
+    ])
+
+
+# -- `srt cache add`: two passes, so bad input is found before the cache is touched --------
+
+
+def _sniff_pool(source: Path) -> bool:
+    """Whether SOURCE is a steps pool: a directory, or a file whose first line is a step."""
+    if source.is_dir():
+        return True
+    if source.name.endswith(".zst"):
+        return True
+    from srtcli.jsonl import read_lines
+
+    try:
+        for _, text in read_lines(source):
+            if text.strip():
+                try:
+                    d = json.loads(text)
+                except json.JSONDecodeError:
+                    return False
+                return isinstance(d, dict) and "input_ids" in d and "loss_mask" in d
+    except SrtError:  # not UTF-8: the rollout reader reports the line
+        return False
+    return False
+
+
+def _check_vocab(ids: list[int], vocab: int | None) -> None:
+    if vocab is not None and ids and max(ids) >= vocab:
+        raise ValueError(f"token id {max(ids)} is outside the tokenizer's vocabulary (size {vocab})")
+
+
+def _rollout_lines(source: Path, skip_bad: bool, stats: dict, vocab: int | None) -> Iterator[tuple[int, Any]]:
+    """(line number, RolloutLine) of a rollout JSONL file; bad lines raise or are counted."""
+    from cache_store.warm import parse_rollout_line
+    from srtcli.errors import at
+    from srtcli.jsonl import read_lines
+
+    for lineno, text in read_lines(source):
+        if not text.strip():
+            continue
+        try:
+            r = parse_rollout_line(text)
+            if r.prompt_ids is not None:
+                _check_vocab(r.prompt_ids + r.response_ids, vocab)
+            yield lineno, r
+        except ValueError as e:
+            if not skip_bad:
+                raise at(source, lineno, str(e)) from None
+            stats["skipped"] += 1
+
+
+def _tokenized(source: Path, tok: Any, skip_bad: bool) -> Iterator[tuple[list[int], list[int]]]:
+    """(prompt ids, response ids) per good line; text lines go through the tokenizer."""
+    from srtcli.errors import at
+    from srtcli.tokenizers import encode_prompt, encode_response
+
+    for lineno, r in _rollout_lines(source, skip_bad, {"skipped": 0}, _vocab(tok)):
+        if r.prompt_ids is not None:
+            yield r.prompt_ids, r.response_ids
+            continue
+        try:
+            yield encode_prompt(tok, r.prompt), encode_response(tok, r.response)
+        except Exception as e:  # a template that rejects these messages: the line is at fault
+            raise at(source, lineno, f"cannot tokenize: {type(e).__name__}: {e}") from None
+
+
+def _tokenizer(model: str | None, given: str | None) -> tuple[Any, str | None]:
+    """(tokenizer or None, fingerprint or None) from --model / --tokenizer-fingerprint."""
+    from srtcli.tokenizers import load_tokenizer, tokenizer_fingerprint
+
+    if model is None:
+        return None, given or None
+    tok = load_tokenizer(model)
+    fp = tokenizer_fingerprint(tok)
+    if given and given != fp:
+        raise SrtError(f"--tokenizer-fingerprint {given} differs from {model}'s ({fp})")
+    return tok, fp
+
+
+def _vocab(tok: Any) -> int | None:
+    return None if tok is None else len(tok)
+
+
+def _need(tok: Any, fp: str | None, needs_text: bool) -> str:
+    if needs_text and tok is None:
+        raise SrtError("text rollouts need --model (its tokenizer and chat template)")
+    if fp is None:
+        raise SrtError("token ids need --model or --tokenizer-fingerprint so trees land under the right tokenizer")
+    return fp
+
+
+def _pool_checked(source: Path, steps: Iterator[Any], vocab: int | None) -> Iterator[Any]:
+    for s in steps:
+        try:
+            _check_vocab(s.input_ids, vocab)
+        except ValueError as e:
+            raise SrtError(f"{source}: trajectory {s.trajectory_id} step {s.step}: {e}") from None
+        yield s
+
+
+def run_add(source: Path, model: str | None, fingerprint: str | None, skip_bad: bool,
+            cache_dir: str | None, half_life: float | None, floor: float | None, as_json: bool) -> dict:
+    """`srt cache add`: validate SOURCE fully (pass 1), then insert and commit (pass 2)."""
+    from cache_store.warm import Warmer, pool_rollouts
+    from srtcli.pool import iter_steps
+
+    if not source.exists():
+        raise SrtError(f"{source}: no such file or directory")
+    stats = {"skipped": 0}
+    pool = _sniff_pool(source)
+    tok, fp = _tokenizer(model, fingerprint)
+    if pool:
+        rollouts = pool_rollouts(_pool_checked(source, iter_steps(source, skip_bad, stats), _vocab(tok)))
+        first = next(rollouts, None)  # consumes and validates the whole pool
+        _refuse_empty(source, first is not None, stats["skipped"])
+        fp = _need(tok, fp, needs_text=False)
+        items: Any = _chain(first, rollouts)
+    else:
+        needs_text, good = False, 0
+        for _, r in _rollout_lines(source, skip_bad, stats, _vocab(tok)):
+            needs_text, good = needs_text or r.prompt_ids is None, good + 1
+        _refuse_empty(source, good > 0, stats["skipped"])
+        fp = _need(tok, fp, needs_text)
+        items = _tokenized(source, tok, skip_bad)
+    settings = {k: v for k, v in (("half_life", half_life), ("floor", floor)) if v is not None}
+    with open_store(Path(cache_dir) if cache_dir else None, create=True, **settings) as store:
+        warmer = Warmer(store, fp)
+        for prompt_ids, response_ids in _progress(items, as_json):
+            warmer.add(prompt_ids, response_ids)
+        warmer.flush()
+        where = str(store.path)
+    return {"cache": where, "rollouts": warmer.rollouts, "tokens": warmer.tokens, "trees": len(warmer.uids),
+            "skipped": stats["skipped"], "tokenizer_fingerprint": fp}
+
+
+def _refuse_empty(source: Path, any_good: bool, skipped: int) -> None:
+    """Nothing to add is an error, as for `srt rollout` and `srt pack` (before the cache opens)."""
+    if not any_good:
+        why = f"every line was bad: {skipped} skipped" if skipped else "it is empty"
+        raise SrtError(f"{source}: no rollouts to add ({why})")
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    yield first
+    yield from rest
+
+
+def _progress(items: Iterator[Any], as_json: bool) -> Iterator[Any]:
+    """A rich spinner with a count on a terminal; plain iteration otherwise."""
+    if as_json or not sys.stdout.isatty():
+        yield from items
+        return
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("adding rollouts: {task.completed:,}"), TimeElapsedColumn()) as bar:
+        task = bar.add_task("add", total=None)
+        for item in items:
+            yield item
+            bar.advance(task)

@@ -1,0 +1,1 @@
+"""Rollout: prompts -> speculative generation -> steps pool."""

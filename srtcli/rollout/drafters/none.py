@@ -1,0 +1,7 @@
+"""The `none` drafter: no drafts, so the engine does plain batched sampling (the baseline)."""
+
+from srtcli.rollout.drafters import Drafter
+
+
+class NoDrafter(Drafter):
+    name = "none"

@@ -1,0 +1,1 @@
+"""srt's own batched speculative engine: slots, forwards, verification."""

@@ -1,0 +1,1 @@
+"""Rollout through vLLM, with the SRT proposer in its worker."""

@@ -1,0 +1,1 @@
+"""Training: PPO-clip steps over packed shards or a raw steps pool."""

@@ -1,0 +1,147 @@
+"""Drafters behind one interface: prompt lookup, SuffixDecoding-style global + prompt trees,
+and the srt per-prompt tree (on-the-fly sharing inside a group, isolation between groups, and
+merging only this run's additions into a real LMDB cache)."""
+
+from __future__ import annotations
+
+import math
+
+from cache_store.store import CacheStore
+from cache_store.trie import TokenTree
+from srtcli.rollout.drafters import make_drafter
+from srtcli.rollout.drafters.ngram import NgramDrafter
+from srtcli.rollout.drafters.srt import SrtDrafter
+from srtcli.rollout.engine.engine import Sequence
+
+
+def seq(prompt, out=(), group="g", runahead=False):
+    s = Sequence(list(prompt), max_new_tokens=64, group=group, runahead=runahead)
+    s.tokens += list(out)
+    return s
+
+
+def test_ngram_proposes_what_followed_the_latest_longest_match():
+    d = NgramDrafter(max_n=3)
+    assert d.propose(seq([1, 2, 3, 4, 5, 9, 1, 2, 3]), 3).tokens == [4, 5, 9]
+    # the latest occurrence wins, and a longer match beats a more recent shorter one
+    assert d.propose(seq([7, 1, 8, 1, 9, 7, 1]), 2).tokens == [8, 1]
+    assert d.propose(seq([1, 2, 3]), 4).tokens == []
+    assert d.propose(seq([5, 6, 5]), 4).tokens == [6, 5]
+
+
+def test_suffix_uses_the_global_tree_across_prompts_and_caps_by_match_length():
+    d = make_drafter("suffix")
+    a = seq([50, 51], group="a")
+    d.begin(a)
+    d.extend(a, [1, 2, 3, 4, 5, 6, 7, 8])
+    d.end(a)
+    b = seq([60, 61], [1, 2], group="b")  # another prompt: only the global tree knows 1 2 -> 3..
+    d.begin(b)
+    prop = d.propose(b, 8)
+    assert prop.tokens == [3, 4]  # spec factor 1.0: at most match_len (2) tokens
+    c = seq([9, 8, 7, 6, 5, 9, 8], group="c")  # the prompt tree knows 9 8 -> 7 6
+    d.begin(c)
+    assert d.propose(c, 8).tokens == [7, 6]
+
+
+def test_srt_shares_tokens_within_a_group_at_once_and_not_across_groups():
+    d = SrtDrafter(shared=False)  # the prompts' own trees alone
+    a, b, other = seq([1, 2], group="g"), seq([1, 2], group="g"), seq([1, 2], group="h")
+    for s in (a, b, other):
+        d.begin(s)
+    assert d.propose(b, 8).tokens == []
+    d.extend(a, [7, 8, 9, 10])  # a generates; b drafts it from its very first token
+    a.tokens += [7, 8, 9, 10]
+    assert d.propose(b, 8).tokens == [7, 8, 9, 10]
+    assert d.propose(other, 8).tokens == []
+    b.tokens += [7, 8]
+    assert d.propose(b, 8).tokens == [9, 10]
+
+
+def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
+    store = CacheStore.open(tmp_path / "cache")
+    g, h = "g" * 32, "h" * 32
+    d = SrtDrafter(store=store)
+    a = seq([1, 2], group=g)
+    d.begin(a)
+    d.extend(a, [7, 8, 9, 10])
+    other = seq([1, 2], [7], group=h)  # another prompt: its own tree has nothing after 7
+    d.begin(other)
+    d.extend(other, [7])
+    assert d.propose(other, 8).tokens == [8, 9, 10]  # from the run-wide tree
+    d.extend(other, [5, 5])
+    other.tokens += [5, 5]
+    again = seq([1, 2], [7], group=h)
+    d.begin(again)
+    d.extend(again, [7])
+    # h's tree: 7 -> 5 always; the run-wide tree: 7 -> 8 once, 7 -> 5 once: h's own tree wins
+    assert d.propose(again, 8).tokens == [5, 5]
+    for s in (a, other, again):
+        d.end(s)
+    d.group_done(g), d.group_done(h)
+    d.close()
+    # the run-wide tree is never persisted: h's cached tree holds only h's own tokens
+    assert store.load(h).count([7, 5, 5]) == 1 and store.load(h).count([8]) == 0
+    store.close()
+
+
+def test_the_run_wide_tree_stays_bounded(monkeypatch):
+    import srtcli.rollout.drafters.srt as srt
+
+    monkeypatch.setattr(srt, "SHARED_MAX_NODES", 500)
+    d = SrtDrafter()
+    for i in range(40):
+        s = seq([1, 2], group=str(i))
+        d.begin(s)
+        d.extend(s, [(i * 7 + k * 13) % 200 + 3 for k in range(30)])
+        d.end(s)
+        d.group_done(str(i))
+        assert d.shared.nodes <= 500 + 30 * 24 + 1  # at most one group's growth past the bound
+
+
+def test_srt_sample_mode_records_the_distribution_it_sampled_from():
+    d = SrtDrafter(mode="sample", min_prob=0.0)
+    a, b = seq([1, 2]), seq([1, 2])
+    d.begin(a)
+    d.extend(a, [3, 4, 5])
+    d.begin(b)
+    d.extend(b, [3, 6, 5])
+    c = seq([1, 2])
+    d.begin(c)
+    seen = set()
+    for _ in range(50):
+        p = d.propose(c, 3)
+        assert p.q is not None and len(p.q) == len(p.tokens) == len(p.dists)
+        for t, q, dist in zip(p.tokens, p.q, p.dists):
+            assert math.isclose(sum(dist.values()), 1.0) and dist[t] == q
+        seen.add(tuple(p.tokens[:2]))
+    assert {(3, 4), (3, 6)} <= seen  # both children of 3 are sampled
+
+
+def test_srt_merges_only_what_the_run_added_into_lmdb(tmp_path):
+    store = CacheStore.open(tmp_path / "cache")
+    base = TokenTree(max_depth=64)
+    base.insert([2, 5, 6])
+    store.commit_many({"u" * 32: base})
+    before = store.load("u" * 32).count([5, 6])
+    d = SrtDrafter(store=store)
+    s = seq([1, 2], group="u" * 32)
+    d.begin(s)
+    assert d.propose(s, 4).tokens == [5, 6]  # loaded from the cache
+    d.extend(s, [5, 6])
+    d.end(s)
+    d.group_done("u" * 32)
+    assert store.load("u" * 32).count([5, 6]) == before  # commits are batched ...
+    d.flush()  # ... until the rollout batch ends
+    after = store.load("u" * 32)
+    assert after.count([5, 6]) == before + 1  # added once, not the loaded tree merged back
+    assert d.stats()["cache_hit_rate"] == 1.0
+    # run-ahead trees of groups never rolled out are committed on close
+    r = seq([3, 4], group="v" * 32, runahead=True)
+    d.begin(r)
+    d.extend(r, [8, 9])
+    d.end(r)
+    d.close()
+    assert store.load("v" * 32).count([8, 9]) == 1
+    assert d.stats()["cache_groups"] == 1  # run-ahead loads do not count in the hit rate
+    store.close()

@@ -1,0 +1,244 @@
+"""The vLLM-side SRT proposer without vLLM: row tracking over vLLM's persistent batch arrays,
+the cache it writes (must equal what the embedded srt drafter writes for the same sequences,
+in a real LMDB), drafting limits, and the engine's option checks (CPU sampling refusal)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cache_store.store import CacheStore
+from srtcli.rollout.drafters.srt import SrtDrafter
+from srtcli.rollout.engine.engine import Sequence
+from srtcli.errors import SrtError
+from srtcli.rollout.vllm.engine import check_model, refusal
+from srtcli.rollout.vllm.proposer import DEPTH, Table, TreeDrafts, read_table, write_table
+
+EOS = 2
+MAX_NEW = 10
+PROMPTS = {"uid-a": [5, 6, 7], "uid-b": [5, 6, 7, 8, 9], "uid-c": [11, 12]}  # a is a prefix of b
+
+
+def _outputs(rng: random.Random) -> list[tuple[str, list[int]]]:
+    """K=3 samples per prompt: shared prefixes, an eos ending, one over MAX_NEW (vLLM may keep
+    accepted tokens past the cap in its row; the cache must not)."""
+    seqs = []
+    for uid in PROMPTS:
+        base = [rng.randrange(20, 40) for _ in range(6)]
+        seqs.append((uid, base + [EOS]))
+        seqs.append((uid, base[:3] + [rng.randrange(20, 40) for _ in range(5)] + [EOS, 33]))  # junk after eos
+        seqs.append((uid, base[:2] + [rng.randrange(20, 40) for _ in range(MAX_NEW + 3)]))
+    rng.shuffle(seqs)
+    return seqs
+
+
+def simulate(drafts: TreeDrafts, seqs: list[tuple[str, list[int]]], slots: int, rng: random.Random) -> list:
+    """Drive `propose` as vLLM's runner does: rows hold prompt + kept tokens, each step appends
+    1-3 tokens per decoding row, a new request spends one step prefilling (nothing sampled), and
+    a finished request's row is refilled by moving the last row into it (`condense`)."""
+    ids = np.zeros((slots, 64), dtype=np.int64)
+    num = np.zeros(slots, dtype=np.int64)
+    rows: list[list] = []  # [uid, output, kept, prefilled]
+    waiting, proposals = list(seqs), []
+    while waiting or rows:
+        while waiting and len(rows) < slots:
+            uid, out = waiting.pop(0)
+            i = len(rows)
+            rows.append([uid, out, 0, False])
+            p = PROMPTS[uid]
+            ids[i, : len(p)] = p
+            num[i] = len(p)
+        sampled = []
+        for i, r in enumerate(rows):
+            if not r[3]:
+                r[3] = True
+                sampled.append([])
+                continue
+            take = r[1][r[2]: r[2] + rng.randint(1, 3)]
+            ids[i, num[i]: num[i] + len(take)] = take
+            num[i] += len(take)
+            r[2] += len(take)
+            sampled.append(take)
+        proposals.append(drafts.propose(sampled, num, ids))
+        for i in reversed(range(len(rows))):
+            if rows[i][2] >= len(rows[i][1]):
+                last = len(rows) - 1
+                ids[i], num[i] = ids[last], num[last]
+                rows[i] = rows[last]
+                rows.pop()
+    return proposals, drafts.finish()
+
+
+def embedded_fill(store: CacheStore, seqs: list[tuple[str, list[int]]]) -> None:
+    """The embedded engine's drafter fed the same sequences (cut at eos / MAX_NEW as it does)."""
+    d = SrtDrafter(store=store)
+    for uid in PROMPTS:
+        for _, out in [s for s in seqs if s[0] == uid]:
+            cut = out[:MAX_NEW]
+            if EOS in cut:
+                cut = cut[: cut.index(EOS) + 1]
+            s = Sequence(list(PROMPTS[uid]), max_new_tokens=64, group=uid)
+            d.begin(s)
+            d.extend(s, cut)
+            d.end(s)
+        d.group_done(uid)
+    d.close()
+
+
+def _paths(seqs):
+    for uid, out in seqs:
+        full = [PROMPTS[uid][-1]] + out
+        for j in range(1, len(full) + 1):
+            yield uid, full[:j]
+
+
+def _same_cache(a: CacheStore, b: CacheStore, seqs) -> bool:
+    ta = {u: a.load(u) for u in PROMPTS}
+    tb = {u: b.load(u) for u in PROMPTS}
+    if any(ta[u].mass != tb[u].mass or ta[u].nodes != tb[u].nodes for u in PROMPTS):
+        return False
+    return all(ta[u].count(p) == tb[u].count(p) for u, p in _paths(seqs))
+
+
+class NoMoveTracking(TreeDrafts):
+    """Deliberately wrong: a row whose sequence moved is taken for a new sequence."""
+
+    def _moved(self, free, row, n):
+        return None
+
+
+def _table(cache: Path | None) -> Table:
+    return Table(str(cache) if cache else None, PROMPTS, 3, MAX_NEW, [EOS])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cache_written_from_vllm_rows_equals_the_embedded_drafters(tmp_path, seed):
+    seqs = _outputs(random.Random(seed))
+    with CacheStore.open(tmp_path / "emb") as emb, CacheStore.open(tmp_path / "vllm") as vs:
+        embedded_fill(emb, seqs)
+        d = TreeDrafts(_table(tmp_path / "vllm"), budget=4, max_model_len=64, store=vs)
+        simulate(d, seqs, slots=4, rng=random.Random(seed + 10))
+        assert _same_cache(emb, vs, seqs)
+        # the wrong variant double-counts moved rows, and the comparison sees it
+        with CacheStore.open(tmp_path / "wrong") as ws:
+            simulate(NoMoveTracking(_table(tmp_path / "wrong"), 4, 64, store=ws), seqs, 4, random.Random(seed + 10))
+            assert not _same_cache(emb, ws, seqs)
+
+
+def test_second_run_drafts_from_the_cache_and_drafts_respect_limits(tmp_path):
+    rng = random.Random(3)
+    seqs = _outputs(rng)
+    with CacheStore.open(tmp_path / "c") as store:
+        first = TreeDrafts(_table(tmp_path / "c"), budget=4, max_model_len=64, store=store)
+        _, c0 = simulate(first, seqs, 4, random.Random(4))
+        assert c0["groups"] == 3 and c0["hits"] == 0
+        second = TreeDrafts(_table(tmp_path / "c"), budget=4, max_model_len=64, store=store)
+        props, c2 = simulate(second, seqs, 4, random.Random(4))
+        assert c2["groups"] == 3 and c2["hits"] == 3 and c2["unknown_rows"] == 0
+        assert sum(len(p) for step in props for p in step) == c2["drafted_tokens"] > 0
+        assert all(len(p) <= 4 for step in props for p in step)
+    # drafts are what followed the context in the stored tree, the most frequent path
+    with CacheStore.open(tmp_path / "c") as store:
+        d = TreeDrafts(_table(tmp_path / "c"), budget=3, max_model_len=64, store=store)
+        uid, out = next(s for s in seqs if s[0] == "uid-c" and EOS in s[1][:MAX_NEW])
+        ids = np.zeros((1, 64), dtype=np.int64)
+        p = PROMPTS[uid]
+        ids[0, : len(p) + 1] = p + out[:1]
+        got = d.propose([[out[0]]], np.array([len(p) + 1]), ids)[0]
+        tree = store.load(uid)
+        assert got == tree.draft([p[-1], out[0]], budget=3, min_prob=0.1).tokens
+        # no room left before max_model_len: no draft
+        short = TreeDrafts(_table(None), budget=3, max_model_len=len(p) + 2)
+        assert short.propose([[out[0]]], np.array([len(p) + 1]), ids)[0] == []
+
+
+def test_rows_of_unknown_prompts_get_no_drafts_and_prefix_prompts_are_told_apart(tmp_path):
+    d = TreeDrafts(_table(None), budget=4, max_model_len=64)
+    ids = np.zeros((3, 64), dtype=np.int64)
+    ids[0, :4] = [99, 98, 97, 20]  # not a prompt srt submitted
+    ids[1, :6] = [5, 6, 7, 8, 9, 21]  # uid-b, though uid-a is a prefix of it
+    ids[2, :4] = [5, 6, 7, 22]  # uid-a
+    d.propose([[20], [21], [22]], np.array([4, 6, 4]), ids)
+    assert d.c.unknown_rows == 1
+    assert d.rows[1].uid == "uid-b" and d.rows[2].uid == "uid-a"
+    assert DEPTH == 64
+
+
+def test_table_round_trips(tmp_path):
+    t = _table(tmp_path / "c")
+    write_table(tmp_path / "t.json", t)
+    assert read_table(tmp_path / "t.json") == t
+
+
+def _opts(**kw):
+    o = {"tools": None, "draft": "srt", "budget": 8, "temperature": 0.0}
+    o.update(kw)
+    return o
+
+
+def test_refuses_speculative_sampling_on_cpu_only():
+    why = refusal(_opts(temperature=1.0), on_cpu=True)
+    assert why is not None and "not exact" in why and "\n" not in why
+    assert refusal(_opts(temperature=0.0), on_cpu=True) is None
+    assert refusal(_opts(temperature=1.0, draft="none"), on_cpu=True) is None
+    assert refusal(_opts(temperature=1.0, budget=0), on_cpu=True) is None
+    assert refusal(_opts(temperature=1.0), on_cpu=False) is None
+    assert "tools" in refusal(_opts(tools="calculator"), on_cpu=False)
+    assert refusal(_opts(tools="none"), on_cpu=False) is None
+    assert "suffix" in refusal(_opts(draft="suffix"), on_cpu=False)
+    assert refusal(_opts(draft="ngram"), on_cpu=False) is None
+    assert "not exact" in refusal(_opts(draft="ngram", temperature=1.0), on_cpu=True)
+    assert "embedded engine" in refusal(_opts(draft_mode="tree"), on_cpu=False)
+
+
+def test_head_sizes_vllm_cpu_lacks_are_one_line_errors():
+    from srtcli.models import default_model_dir
+
+    with pytest.raises(SrtError) as e:
+        check_model(default_model_dir(), on_cpu=True)  # the bundled model's head size is 40
+    assert "head size 40" in e.value.message and "\n" not in e.value.message
+    assert check_model(default_model_dir(), on_cpu=False)["head_dim"] == 40
+
+
+def test_draft_length_adapts_to_what_the_row_accepted():
+    d = TreeDrafts(_table(None), budget=4, max_model_len=64)
+    p = PROMPTS["uid-c"]
+    ids = np.zeros((2, 64), dtype=np.int64)
+    a_out = [30, 31] * 6
+    ids[0, : len(p) + len(a_out)] = p + a_out  # row 0 has generated 30 31 30 31 ...
+    ids[1, : len(p) + 1] = p + [30]
+    num = np.array([len(p) + len(a_out), len(p) + 1])
+    first = d.propose([[31], [30]], num, ids)[1]
+    assert first == [31, 30, 31, 30]  # the full budget
+    ids[1, 3:5] = [31, 40]  # kept one draft token, then vLLM's correction (40)
+    num[1] += 2
+    d.propose([[31], [31, 40]], num, ids)
+    ids[1, 5] = 30
+    num[1] += 1
+    assert d.propose([[31], [30]], num, ids)[1] == [31, 30]  # shrunk to accepted + 1 = 2
+    fixed = TreeDrafts(Table(None, PROMPTS, 3, MAX_NEW, [EOS], adaptive=False), budget=4, max_model_len=64)
+    ids[1, 3:] = 0
+    ids[1, : len(p) + 1] = p + [30]
+    num[1] = len(p) + 1
+    fixed.propose([[31], [30]], num, ids)
+    ids[1, 3:5] = [31, 40]
+    num[1] += 2
+    fixed.propose([[31], [31, 40]], num, ids)
+    ids[1, 5] = 30
+    num[1] += 1
+    assert len(fixed.propose([[31], [30]], num, ids)[1]) == 4
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_row_drafts_from_the_run_wide_tree_as_the_embedded_drafter_does(shared):
+    d = TreeDrafts(Table(None, PROMPTS, 3, MAX_NEW, [EOS], shared=shared), budget=4, max_model_len=64)
+    a, c = PROMPTS["uid-a"], PROMPTS["uid-c"]
+    ids = np.zeros((2, 64), dtype=np.int64)
+    ids[0, : len(a) + 5] = a + [30, 31, 32, 33, 34]  # prompt a's row has generated 30 31 32 33 34
+    ids[1, : len(c) + 1] = c + [30]  # prompt c's row: its own tree has nothing after 30
+    num = np.array([len(a) + 5, len(c) + 1])
+    out = d.propose([[34], [30]], num, ids)[1]
+    assert out == ([31, 32, 33, 34] if shared else [])
