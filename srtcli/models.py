@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from srtcli.errors import SrtError
+from srtcli.errors import SrtError, first_line
 
 BUNDLED = Path(__file__).resolve().parent / "bundled_model"
 REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
@@ -69,12 +69,8 @@ def load_model_and_tokenizer(path: str | Path | None = None, dtype: str = "float
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=getattr(torch, dtype))
     except Exception as e:
-        raise SrtError(f"{path}: cannot load the model: {type(e).__name__}: {_first_line(e)}") from None
+        raise SrtError(f"{path}: cannot load the model: {type(e).__name__}: {first_line(e)}") from None
     model.eval()
     check_attention(model, path)  # before anything is generated: exact, or refused in one line
     return model, tok
 
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else ""

@@ -9,7 +9,8 @@ Subcommands are registered lazily so that `srt cache stats` never imports torch,
 --help` lists them from COMMANDS without importing any (tests/srtcli/cli/test_cli.py checks that
 each one-line help there is its command's docstring).
 
-The group also owns how a run ends: a usage error (a bad flag value, from the command line or
+The group also owns how a run ends: srt's own errors (`srtcli.errors`, raised by library code)
+are one `Error: ...` line with exit status 1, an interruption its one line with 130; a usage error (a bad flag value, from the command line or
 a `--config` file, an unknown flag, a missing option) is one `Error: ...` line with exit status
 1; Ctrl-C is one line with exit status 130; srt's own warnings are one `srt: warning: ...` line.
 """
@@ -26,7 +27,7 @@ import click
 
 from srtcli import __version__
 from srtcli.cli.config import config_source
-from srtcli.errors import Interrupted
+from srtcli.errors import Interrupted, SrtError
 
 # command name -> ("module:attribute", its docstring's first line, shown by `srt --help`)
 COMMANDS = {
@@ -138,6 +139,12 @@ class LazyGroup(click.Group):
             except click.UsageError as e:
                 click.echo(f"Error: {usage_line(e, where)}", err=True)
                 sys.exit(1)
+            except SrtError as e:
+                click.echo(f"Error: {e.message}", err=True)
+                sys.exit(e.exit_code)
+            except Interrupted as e:  # not an `Error:`: the user stopped it
+                click.echo(e.message, err=True)
+                sys.exit(e.exit_code)
             except click.ClickException as e:
                 e.show()
                 sys.exit(e.exit_code)

@@ -17,54 +17,15 @@ directory and `out` what the command wrote, as in every srt command).
 from __future__ import annotations
 
 import json
-import os
 import sys
-import warnings
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import click
 
 from srtcli.cli.config import config_option
+from srtcli.cache import open_store
 from srtcli.errors import SrtError
-
-
-def default_cache_dir() -> Path:
-    """`$SRT_CACHE`, else `~/.cache/srt`."""
-    env = os.environ.get("SRT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "srt"
-
-
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
-    click.echo(f"srt: warning: {message}", err=True)
-
-
-@contextmanager
-def open_store(path: Path | None, create: bool = False, readonly: bool = False, **settings: Any) -> Iterator[Any]:
-    """Open a cache for a command; every cache error becomes a one-line SrtError."""
-    import lmdb
-
-    from cache_store.errors import CacheError
-    from cache_store.store import CacheStore
-
-    path = Path(path).expanduser() if path else default_cache_dir()
-    with warnings.catch_warnings():
-        warnings.showwarning = _one_line_warning  # restored on exit by catch_warnings
-        try:
-            store = CacheStore.open(path, create=create, readonly=readonly, **settings)
-        except (CacheError, ValueError) as e:
-            raise SrtError(str(e)) from None
-        except lmdb.Error as e:
-            raise SrtError(f"{path}: cannot open the cache: {e}") from None
-        try:
-            yield store
-        except CacheError as e:
-            raise SrtError(str(e)) from None
-        except lmdb.Error as e:
-            raise SrtError(f"{path}: LMDB error: {e}") from None
-        finally:
-            store.close()
 
 
 def emit(as_json: bool, obj: dict[str, Any], lines: list[str]) -> None:

@@ -27,18 +27,12 @@ import click
 
 from srtcli.cli.config import config_option
 from srtcli.rollout.drafters import DRAFTERS
+from srtcli.cache import cache_dir, open_cache
 from srtcli.errors import Interrupted, SrtError, at
 
 # the summary keys docs/rollout.md promises (the JSON has these and a few more)
 SUMMARY_KEYS = ("generated_tokens", "wall_s", "tokens_per_s", "target_forwards", "accepted_per_forward",
                 "draft_acceptance_rate", "run_ahead_tokens", "cache_hit_rate")
-
-
-def cache_dir(opt: str | None) -> Path:
-    """--cache, else $SRT_CACHE, else ~/.cache/srt (the resolver `srt cache` uses)."""
-    from srtcli.cli.cache import default_cache_dir
-
-    return Path(opt) if opt else default_cache_dir()
 
 
 def pool_file(out: str) -> Path:
@@ -365,7 +359,7 @@ def _rollout(o: dict, model: Any, tok: Any, prompts: list, ctx: int) -> dict[str
     slots = engine_slots(o["batch_size"], per, len(todo), len(prompts), k, _run_ahead_on(o, model))
     max_len = min(ctx, max(len(p.ids) for p in prompts) + o["max_new_tokens"] + 64)
     check_kv_fits(model, slots, max_len)  # before the cache dir is opened
-    store = _open_store(o) if o["draft"] == "srt" else None
+    store = open_cache(o["cache_opt"]) if o["draft"] == "srt" else None
     drafter = _drafter(o, store)
     stop_fn = turn_end = None
     tools = tools_of(o)
@@ -456,18 +450,6 @@ def _eos_ids(model: Any, tok: Any) -> set[int]:
     gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids.update(gen if isinstance(gen, (list, tuple)) else [gen] if gen is not None else [])
     return {int(i) for i in ids if i is not None}
-
-
-def _open_store(o: dict) -> Any:
-    from cache_store.store import CacheStore
-
-    path = cache_dir(o["cache_opt"])
-    try:
-        return CacheStore.open(path)
-    except SrtError:
-        raise
-    except Exception as e:  # a foreign directory, a newer format: one line
-        raise SrtError(f"{path}: cannot open the cache: {e}") from None
 
 
 def _drafter(o: dict, store: Any) -> Any:

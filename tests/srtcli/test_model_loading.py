@@ -63,16 +63,9 @@ def test_default_loads_the_bundled_model():
 
 
 def test_error_reaches_the_user_as_one_line(tmp_path):
-    script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent("""
-        import click
-        from srtcli.models import load_model_and_tokenizer
-        @click.command()
-        @click.option("--model")
-        def main(model):
-            load_model_and_tokenizer(model)
-        main()
-    """))
-    out = subprocess.run([sys.executable, str(script), "--model", str(tmp_path)], capture_output=True, text=True)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "1+1?"}\n')
+    out = subprocess.run([sys.executable, "-m", "srtcli", "rollout", "--prompts", str(prompts), "--model", str(tmp_path),
+                          "--out", str(tmp_path / "pool")], capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [f"Error: {tmp_path}: not a model directory (missing config.json, tokenizer.json, tokenizer_config.json)"]

@@ -141,14 +141,15 @@ def _eos_ids(tok: Any, model_dir: Path) -> list[int]:
 
 def _rollout(llm: Any, o: dict, tok: Any, prompts: list, model_dir: Path) -> dict[str, Any]:
     from srtcli.pool import PoolWriter
-    from srtcli.rollout.driver import _progress, adaptive_on, cache_dir, plan
+    from srtcli.cache import open_cache
+    from srtcli.rollout.driver import _progress, adaptive_on, plan
     from srtcli.rollout.vllm.proposer import Table, write_table
 
     k = o["k"]
     pl = plan(o, tok, prompts)
     uids, reward_fn, out, skip, todo = pl.uids, pl.reward_fn, pl.out, pl.skip, pl.todo
     drafting = o["draft"] == "srt" and o["budget"] > 0
-    store = _open_store(cache_dir(o["cache_opt"])) if o["draft"] == "srt" else None
+    store = open_cache(o["cache_opt"]) if o["draft"] == "srt" else None
     eos = _eos_ids(tok, model_dir)
     with tempfile.TemporaryDirectory(prefix="srt-vllm-") as tmp:
         table = Path(tmp) / "table.json"
@@ -215,17 +216,6 @@ def _write_group(writer: Any, uid: str, prompt: Any, outputs: list, reward_fn: A
         n += len(ids)
     writer.flush()
     return n
-
-
-def _open_store(path: Path) -> Any:
-    from cache_store.store import CacheStore
-
-    try:
-        return CacheStore.open(path)
-    except SrtError:
-        raise
-    except Exception as e:
-        raise SrtError(f"{path}: cannot open the cache: {e}") from None
 
 
 def _add(acc: dict, d: dict) -> None:

@@ -112,19 +112,13 @@ def test_broken_reward_file_is_one_line(tmp_path):
         load_reward(f"{bad}:f")
 
 
-def test_reward_error_through_click_has_no_traceback(tmp_path):
-    """SrtError reaches the user as one line and exit 1 from a real subprocess."""
-    script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent("""
-        import click
-        from srtcli.rollout.rewards import load_reward
-        @click.command()
-        @click.option("--reward")
-        def main(reward):
-            load_reward(reward)
-        main()
-    """))
-    out = subprocess.run([sys.executable, str(script), "--reward", "nope_mod:f"], capture_output=True, text=True)
+def test_reward_error_through_the_cli_has_no_traceback(tmp_path):
+    """A reward that cannot be loaded reaches the user as one line and exit 1 from `srt rollout`."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "1+1?", "answer": "2"}\n')
+    out = subprocess.run([sys.executable, "-m", "srtcli", "rollout", "--prompts", str(prompts),
+                          "--reward", "nope_mod:f", "--out", str(tmp_path / "pool")],
+                         capture_output=True, text=True, cwd=tmp_path)
     assert out.returncode == 1
     assert out.stderr.strip() == "Error: reward module 'nope_mod' not found (nope_mod is not importable)"
 

@@ -1,0 +1,118 @@
+"""The code's shape, kept true: small modules, short functions, a one-way import graph.
+
+Read from the source with `ast` (nothing is imported): in `srtcli/` no module is over 300 lines
+and no function over 40; in every package, no module imports a private name (`_x`) of another
+module, and the modules of `srtcli/`, `cache_store/` and `attention/` import each other without a
+cycle, counting imports inside functions too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("srtcli", "cache_store", "attention")
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 300, 40
+
+
+def modules() -> dict[str, Path]:
+    """Dotted name -> file, for every module of the three packages."""
+    out = {}
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(f.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            out[".".join(parts)] = f
+    return out
+
+
+MODULES = modules()
+
+
+def imports(name: str) -> list[tuple[str, list[str], int]]:
+    """(module imported from, names taken, line) for every import statement of a module."""
+    tree = ast.parse(MODULES[name].read_text())
+    is_pkg = MODULES[name].name == "__init__.py"
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - node.level + 1]
+                base = ".".join(pkg + ([base] if base else []))
+            out.append((base, [a.name for a in node.names], node.lineno))
+    return out
+
+
+def is_extension(name: str) -> bool:
+    """A compiled module (`cache_store._trie`): private by convention, imported by its wrapper."""
+    path = ROOT.joinpath(*name.split("."))
+    return any(path.parent.glob(path.name + ".*.so")) or path.with_suffix(".c").exists()
+
+
+def edges(name: str) -> set[str]:
+    """The package modules a module imports (a name that is a submodule counts as that module)."""
+    out = set()
+    for base, names, _ in imports(name):
+        targets = [f"{base}.{n}" for n in names if f"{base}.{n}" in MODULES] or [base]
+        out.update(t for t in targets if t in MODULES and t != name)
+    return out
+
+
+def test_no_srtcli_module_is_over_300_lines() -> None:
+    long = {n: len(f.read_text().splitlines()) for n, f in MODULES.items() if n.startswith("srtcli")}
+    assert {n: k for n, k in long.items() if k > MAX_MODULE_LINES} == {}
+
+
+def test_no_srtcli_function_is_over_40_lines() -> None:
+    long = {}
+    for n, f in MODULES.items():
+        if not n.startswith("srtcli"):
+            continue
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long[f"{n}.{node.name}:{node.lineno}"] = size
+    assert long == {}
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    private = [f"{n}:{line}: {base}.{x}" for n in MODULES for base, names, line in imports(n)
+               for x in names if x.startswith("_") and not x.startswith("__") and base != n
+               and not is_extension(f"{base}.{x}")]
+    assert private == []
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    graph = {n: edges(n) for n in MODULES}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles = []
+
+    def visit(n: str, path: list[str]) -> None:
+        state[n] = 1
+        for m in sorted(graph[n]):
+            if state.get(m) == 1:
+                cycles.append(" -> ".join(path[path.index(m):] + [m]))
+            elif m not in state:
+                visit(m, path + [m])
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [n])
+    assert cycles == []
+
+
+@pytest.mark.parametrize("pkg", ["cache_store", "attention"])
+def test_the_libraries_never_import_srtcli(pkg: str) -> None:
+    bad = [f"{n}:{line}" for n in MODULES if n.startswith(pkg) for base, _, line in imports(n)
+           if base.split(".")[0] == "srtcli"]
+    assert bad == []
