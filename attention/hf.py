@@ -37,7 +37,7 @@ NAME = "srt_tree"
 BACKENDS = ("auto", "sdpa", "flex", "eager")
 SDPA_BLOCK = 512  # query block of the sdpa backend (see masks.sdpa_blocks)
 # attention arguments some models pass that the tree backends do not implement (srt refuses
-# such models when it loads them, srtcli/attention_support.py; this is the last line of defence)
+# such models when it loads them, srtcli.attention_support; this is the last line of defence)
 _UNSUPPORTED = ("s_aux", "sinks", "position_bias")
 
 

@@ -13,7 +13,7 @@ common prefixes of neighbours, with no per-token Python work:
 - paths          = a sequence's packed indices: its predecessor's path up to the lcp, then
   its own new suffix.
 
-The attention rule of the packed row is then an interval test (see attention/masks.py):
+The attention rule of the packed row is then an interval test (see attention.masks):
 query q may see key k iff k <= q <= subtree_end[k].
 
 Node boundaries (for inspection; the mask and log-probs never need them) sit at every new
@@ -40,7 +40,8 @@ class PackedTree:
     paths: list[torch.Tensor]  # per input sequence (input order): its packed indices, in order
 
 
-def _as_array(seq: list[int] | np.ndarray | torch.Tensor) -> np.ndarray:
+def token_array(seq: list[int] | np.ndarray | torch.Tensor) -> np.ndarray:
+    """A sequence of token ids as an int64 numpy array (a CPU copy of a tensor)."""
     if isinstance(seq, torch.Tensor):
         return seq.detach().cpu().numpy().astype(np.int64, copy=False)
     return np.asarray(seq, dtype=np.int64)
@@ -64,6 +65,15 @@ def _neighbour_lcp(sorted_arrays: list[np.ndarray]) -> np.ndarray:
     return lcp
 
 
+def sorted_lcp(arrays: list[np.ndarray]) -> tuple[list[int], np.ndarray]:
+    """(the sequences' indices in lexicographic order, the lcp of each sorted sequence with its
+    sorted predecessor): the whole layout of a group's tree follows from these two."""
+    # Python's list sort compares tuples in C; n is a group size (tens), not a token count.
+    keys = [tuple(a.tolist()) for a in arrays]
+    order = sorted(range(len(arrays)), key=keys.__getitem__)
+    return order, _neighbour_lcp([arrays[i] for i in order])
+
+
 class PrefixTree:
     """The compressed trie of a group; build with `PrefixTree.build(sequences)`."""
 
@@ -78,20 +88,14 @@ class PrefixTree:
         """Build the tree of `sequences` (each non-empty, ids >= 0)."""
         if len(sequences) == 0:
             raise ValueError("a prefix tree needs at least one sequence")
-        arrays = [_as_array(s) for s in sequences]
+        arrays = [token_array(s) for s in sequences]
         for i, a in enumerate(arrays):
             if a.ndim != 1 or a.size == 0:
                 raise ValueError(f"sequence {i} is empty")
-        # Python's list sort compares tuples in C; n is a group size (tens), not a token count.
-        keys = [tuple(a.tolist()) for a in arrays]
-        order = np.array(sorted(range(len(arrays)), key=keys.__getitem__), dtype=np.int64)
-        lcp = _neighbour_lcp([arrays[i] for i in order])
-        return cls(arrays, order, lcp)
+        order, lcp = sorted_lcp(arrays)
+        return cls(arrays, np.array(order, dtype=np.int64), lcp)
 
     # -- sizes -------------------------------------------------------------------------
-    def num_sequences(self) -> int:
-        return len(self._seqs)
-
     def original_tokens(self) -> int:
         """Sum of the sequence lengths (what separate forwards would process)."""
         return int(sum(len(a) for a in self._seqs))

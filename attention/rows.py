@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from attention.prefix_tree import PrefixTree, _as_array, _neighbour_lcp
+from attention.prefix_tree import PrefixTree, sorted_lcp, token_array
 
 
 class SequenceTooLong(ValueError):
@@ -49,9 +49,7 @@ def split_group(seqs: list[np.ndarray], ids: list[int], max_tokens: int) -> list
     Greedy over the sorted order: adding sorted sequence i to the current run costs exactly
     len_i - lcp(i-1, i) new packed tokens (its sorted predecessor is its deepest sharer).
     """
-    keys = [tuple(a.tolist()) for a in seqs]
-    order = sorted(range(len(seqs)), key=keys.__getitem__)
-    lcp = _neighbour_lcp([seqs[i] for i in order])
+    order, lcp = sorted_lcp(seqs)
     parts: list[list[int]] = []
     size = 0
     for rank, i in enumerate(order):
@@ -97,7 +95,7 @@ def pack_rows(
     trees: list[tuple[PrefixTree, list[int]]] = []
     base = 0
     for group in groups:
-        arrays = [_as_array(s) for s in group]
+        arrays = [token_array(s) for s in group]
         ids = list(range(base, base + len(arrays)))
         base += len(arrays)
         if arrays:

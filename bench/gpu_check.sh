@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU session for the rollout engine (issue #4's CUDA measurements), sized for
+# One prepared GPU session for the rollout engine (its CUDA measurements), sized for
 # the workplace's lent H200 (15 minutes of device time; this script runs ~6 of them).
 #
 # What it does, in order, writing everything under $OUT (default /tmp/srt-gpu):

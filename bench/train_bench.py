@@ -1,7 +1,7 @@
 """Benchmark: time per optimizer step and peak memory of `srt train`, packed vs unpacked.
 
 For each scenario (n sequences sharing a prompt of P tokens, each with its own branch of B
-tokens: the seed's 4/256/128, 8/1024/256, 4/1024/128), and optionally a real steps pool
+tokens: the packing design's 4/256/128, 8/1024/256, 4/1024/128), and optionally a real steps pool
 (`--pool DIR`, e.g. from `srt rollout`), it times one full optimizer step (forward, backward,
 AdamW) three ways, side by side in the same run, on the same random tiny Qwen2:
 
@@ -50,7 +50,7 @@ def synthetic_steps(n: int, prefix: int, branch: int, vocab: int, seed: int = 0)
 
 def work_rows(steps, mode: str):
     from attention import pack_rows
-    from srtcli.pool import grpo_advantages
+    from srtcli.advantages import grpo_advantages
     from srtcli.train.data import TrainSeq, WorkRow
 
     adv = grpo_advantages(steps)
@@ -79,7 +79,7 @@ def setup(args):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from srtcli.pool import read_pool
-    from srtcli.train.loop import resolve_attn
+    from srtcli.train.config import resolve_attn
 
     torch.manual_seed(0)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -103,7 +103,7 @@ def one_step(model, opt, rows, mode: str, device: str, attn: str):
 
     from srtcli.train.dist import DistInfo
     from srtcli.train.loss import LossConfig
-    from srtcli.train.loop import step_gradients
+    from srtcli.train.step import step_gradients
 
     micro = 0 if mode == "single" else 1 << 30
     if device == "cuda":

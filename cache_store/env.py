@@ -3,7 +3,7 @@
 A cache directory is one LMDB environment with three named sub-databases:
 
     info   format name, format version, logical clock, half-life, floor, creation time
-    trees  uid -> tree record (cache_store/codec.py)
+    trees  uid -> tree record (cache_store.codec)
     meta   uid -> meta record (access time, sizes, mass; read by stats/prune)
 
 LMDB rules this module enforces (see docs/cache.md):

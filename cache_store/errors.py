@@ -1,7 +1,7 @@
 """Errors raised by the cache store.
 
 `cache_store` never imports click or torch, so these are plain exceptions; the CLI
-(srtcli/cli/cache.py) turns every `CacheError` into a one-line `SrtError` (exit 1).
+(srtcli.cli.cache) turns every `CacheError` into a one-line `SrtError` (exit 1).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Criteria combine, applied in this order:
 `plan_prune` changes nothing (that is `--dry-run`); `apply_prune` deletes the planned trees
 and re-does the trimming inside its transaction, so counts a concurrent writer committed
 after planning are trimmed by the same rule, not lost. The data file does not shrink until
-it is compacted (cache_store/transfer.py).
+it is compacted (cache_store.transfer).
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 A sequence store is a directory holding one LMDB environment with three named sub-databases:
 
     info   format b"srt-seqcache", version, logical clock, half-life, floor, creation time
-    seqs   uid + u32 big-endian record number -> sequence record (cache_store/seqrecord.py)
-    meta   uid -> next record number, sequences, tokens, last write time, record bytes
+    seqs   uid + u32 big-endian record number -> sequence record (cache_store.seqrecord)
+    meta   uid -> next record number, sequences, tokens, last write time, record bytes (`META`)
 
-It follows the LMDB rules of the tree cache (cache_store/env.py, docs/cache.md): one
+It follows the LMDB rules of the tree cache (cache_store.env, docs/cache.md): one
 environment per path per process (a registry keyed by real path and pid), a sparse 1 TiB map
 that a full write doubles, adoption of a map another process grew, `reader_check()` on open.
 It is a different format name, so neither store opens the other's directory.
@@ -29,6 +29,7 @@ FORMAT_NAME = b"srt-seqcache"
 FORMAT_VERSION = 1
 MAP_SIZES = (1 << 40, 1 << 36, 1 << 32, 1 << 30)
 DB_NAMES = (b"info", b"seqs", b"meta")
+META = struct.Struct("<IQQdQ")  # next record number, sequences, tokens, last write time, record bytes
 
 T = TypeVar("T")
 
@@ -71,6 +72,28 @@ class SeqEnv:
 
     def set_tick(self, txn: lmdb.Transaction, tick: int) -> None:
         txn.put(b"tick", struct.pack("<Q", tick), db=self.dbs["info"])
+
+    def get_meta(self, txn: lmdb.Transaction, uid: bytes) -> tuple[int, int, int, float, int]:
+        """A prompt's meta record (`META`'s fields); a missing or unreadable one reads as
+        nothing stored yet, numbered on after the last record actually there."""
+        raw = txn.get(uid, db=self.dbs["meta"])
+        if raw is not None and len(raw) == META.size:
+            return META.unpack(raw)
+        return self.next_record(txn, uid), 0, 0, 0.0, 0
+
+    def put_meta(self, txn: lmdb.Transaction, uid: bytes, meta: tuple[int, int, int, float, int]) -> None:
+        txn.put(uid, META.pack(*meta), db=self.dbs["meta"])
+
+    def next_record(self, txn: lmdb.Transaction, uid: bytes) -> int:
+        """One past the highest record number stored under `uid` (0 if none)."""
+        nxt = 0
+        with txn.cursor(db=self.dbs["seqs"]) as cur:
+            if cur.set_range(uid + struct.pack(">I", 0)):
+                for k in cur.iternext(values=False):
+                    if not bytes(k).startswith(uid):
+                        break
+                    nxt = struct.unpack(">I", bytes(k)[-4:])[0] + 1
+        return nxt
 
     def release(self) -> None:
         """Drop one user; the last one closes the environment (idempotent per user)."""

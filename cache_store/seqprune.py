@@ -9,19 +9,16 @@ until it is compacted (LMDB reuses the freed pages for later appends).
 
 from __future__ import annotations
 
-import struct
-
 import lmdb
 
 from cache_store import seqrecord
 from cache_store.clock import decay_factor
 from cache_store.errors import CorruptRecord
+from cache_store.seqenv import SeqEnv
 
 
-def prune_records(env, txn: lmdb.Transaction, floor: float | None, drop_corrupt: bool) -> int:  # noqa: ANN001
+def prune_records(env: SeqEnv, txn: lmdb.Transaction, floor: float | None, drop_corrupt: bool) -> int:
     """Delete what falls below `floor` (None: the store's floor) or is corrupt (if asked)."""
-    from cache_store.seqstore import _META
-
     info = env.get_info(txn)
     now, hl = int(info["tick"]), info["half_life"]
     floor = info["floor"] if floor is None else floor
@@ -44,23 +41,10 @@ def prune_records(env, txn: lmdb.Transaction, floor: float | None, drop_corrupt:
         txn.delete(key, db=env.dbs["seqs"])
     touched = {k[:-4] for k in doomed}
     for uid in touched:
-        raw = txn.get(uid, db=env.dbs["meta"])
         if uid not in kept:
             txn.delete(uid, db=env.dbs["meta"])
             continue
-        nxt, _s, _t, wall, _b = _META.unpack(raw) if raw is not None and len(raw) == _META.size else (
-            _next_after(env, txn, uid), 0, 0, 0.0, 0)
+        nxt, _s, _t, wall, _b = env.get_meta(txn, uid)
         seqs, toks, nbytes = kept[uid]
-        txn.put(uid, _META.pack(nxt, seqs, toks, wall, nbytes), db=env.dbs["meta"])
+        env.put_meta(txn, uid, (nxt, seqs, toks, wall, nbytes))
     return len(doomed)
-
-
-def _next_after(env, txn: lmdb.Transaction, uid: bytes) -> int:  # noqa: ANN001
-    nxt = 0
-    with txn.cursor(db=env.dbs["seqs"]) as cur:
-        if cur.set_range(uid + b"\0\0\0\0"):
-            for k in cur.iternext(values=False):
-                if not bytes(k).startswith(uid):
-                    break
-                nxt = struct.unpack(">I", bytes(k)[-4:])[0] + 1
-    return nxt

@@ -34,12 +34,10 @@ import lmdb
 from cache_store import seqrecord
 from cache_store.clock import DEFAULT_FLOOR, DEFAULT_HALF_LIFE, check_settings, decay_factor
 from cache_store.errors import CacheError, CorruptRecord, CorruptTreeWarning
-from cache_store.seqenv import SeqEnv, open_seq_env
+from cache_store.seqenv import META, SeqEnv, open_seq_env
+from cache_store.seqprune import prune_records
 from cache_store.suffix_tree import SuffixTree
 from cache_store.uid import is_uid
-
-_META = struct.Struct("<IQQdQ")  # next record number, sequences, tokens, last access wall, record bytes
-
 
 @dataclass(frozen=True)
 class StoredSequence:
@@ -153,25 +151,12 @@ class LmdbSequenceStore:
         self._e.write(fn)
 
     def _put(self, txn: lmdb.Transaction, uid: str, recs: list[bytes], tokens: int) -> None:
-        nxt, seqs, toks, _wall, nbytes = self._meta(txn, uid)
+        nxt, seqs, toks, _wall, nbytes = self._e.get_meta(txn, uid.encode())
         for i, rec in enumerate(recs):
             if not txn.put(_key(uid, nxt + i), rec, db=self._e.dbs["seqs"], overwrite=False):
                 raise CacheError(f"{self.path}: record {nxt + i} of {uid} already exists (meta out of step)")
         meta = (nxt + len(recs), seqs + len(recs), toks + tokens, time.time(), nbytes + sum(map(len, recs)))
-        txn.put(uid.encode(), _META.pack(*meta), db=self._e.dbs["meta"])
-
-    def _meta(self, txn: lmdb.Transaction, uid: str) -> tuple[int, int, int, float, int]:
-        raw = txn.get(uid.encode(), db=self._e.dbs["meta"])
-        if raw is not None and len(raw) == _META.size:
-            return _META.unpack(raw)
-        nxt = 0  # no (or unreadable) meta: continue after the last record actually there
-        with txn.cursor(db=self._e.dbs["seqs"]) as cur:
-            if cur.set_range(_key(uid, 0)):
-                for k in cur.iternext(values=False):
-                    if not k.startswith(uid.encode()):
-                        break
-                    nxt = struct.unpack(">I", k[-4:])[0] + 1
-        return nxt, 0, 0, 0.0, 0
+        self._e.put_meta(txn, uid.encode(), meta)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -230,8 +215,6 @@ class LmdbSequenceStore:
     def prune(self, floor: float | None = None, drop_corrupt: bool = False) -> int:
         """Delete the sequences whose decayed weight is below `floor` (default: the store's)
         and, if asked, corrupt records; in one write transaction. Returns how many went."""
-        from cache_store.seqprune import prune_records
-
         return self._e.write(lambda txn: prune_records(self._e, txn, floor, drop_corrupt))
 
     def stats(self, verify: bool = True) -> SeqStoreStats:
@@ -241,7 +224,7 @@ class LmdbSequenceStore:
         def fn(txn: lmdb.Transaction) -> None:
             st.tick = int(self._e.get_info(txn)["tick"])
             for _k, raw in txn.cursor(db=self._e.dbs["meta"]):
-                _n, seqs, toks, _w, nbytes = _META.unpack(raw)
+                _n, seqs, toks, _w, nbytes = META.unpack(raw)
                 st.prompts += 1
                 st.sequences, st.tokens, st.record_bytes = st.sequences + seqs, st.tokens + toks, st.record_bytes + nbytes
             if verify:

@@ -1,7 +1,7 @@
 """`cache_stats`: what a cache holds, read from meta records and checksums only.
 
 Nothing is decompressed: sizes, node counts and count mass come from the meta records
-(cache_store/codec.py), corruption from the tree records' CRCs. `tokens` is the count mass
+(cache_store.codec), corruption from the tree records' CRCs. `tokens` is the count mass
 decayed to the current tick (before the floor, which only decompression could apply).
 """
 

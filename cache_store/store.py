@@ -14,7 +14,7 @@ merged against the tree as it is now, so processes committing to the same trees
 concurrently lose no counts (LMDB serialises writers; docs/cache.md). Loads remember which trees were used; their access times are written with the
 next commit, tick or close (LRU bookkeeping without a write per load).
 
-Layout and record formats: cache_store/env.py and cache_store/codec.py.
+Layout and record formats: cache_store.env and cache_store.codec.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ exact binary fractions (tests/cache_store/test_suffix_tree.py checks this agains
 Why a second tree: a depth-bounded suffix *trie* holds up to D nodes per token (56 per token
 on long reasoning rollouts); this tree holds about 1.6, and a sequence's decay is one weight
 instead of a multiplication of every node, so persistence can store the sequences themselves
-(cache_store/seqstore.py) and rebuild the tree when loading.
+(cache_store.seqstore) and rebuild the tree when loading.
 
 Sequences come in two kinds: finished ones (`add(tokens, weight)`, e.g. loaded from a store,
 weight = their decay) and live ones (`stream()`, weight 1, extended token by token or in

@@ -9,7 +9,7 @@ the exact rules (match cap, ties, threshold, draft tree order, decay, bytes form
 
 The work happens in the compiled core `cache_store._trie` (C sources in cache_store/csrc/,
 built by `pip install -e .` through setup.py); this module is the typed face of it. The LMDB
-layer (cache_store/store.py) persists trees with `to_bytes`/`from_bytes`, decays them with `scale` and folds a process's
+layer (cache_store.store) persists trees with `to_bytes`/`from_bytes`, decays them with `scale` and folds a process's
 added counts in with `merge`; the rollout drafter calls `stream().extend`, `draft`, `draft_tree`.
 """
 

@@ -9,7 +9,7 @@ Two sources, both reduced to (prompt ids, response ids) pairs:
 `Warmer` inserts each response into the delta tree of its prompt's uid (the tree stores
 responses: the drafting context is the response so far) and commits the deltas in batches
 of about `batch_tokens` tokens, so memory stays bounded on large inputs. It never advances
-the logical clock. Like the rollout drafter (srtcli/rollout/drafters/srt.py), it streams each
+the logical clock. Like the rollout drafter (srtcli.rollout.drafters.srt), it streams each
 response preceded by the prompt's last token (the anchor), so warmed trees have exactly the
 shape rollouts build and a sample can be drafted from its first token.
 """

@@ -1,13 +1,14 @@
 """What srt's own attention implements, checked on a loaded model before anything runs.
 
-srt replaces a model's attention in the rollout engine (`srt_slots`, srtcli/rollout/engine/slot_cache.py) and
-in packed training (`srt_tree`, attention/hf.py). Both compute what transformers' eager
-attention computes from what each layer passes: scaled dot-product attention with the layer's
-`scaling` and grouped KV heads, the layer's `sliding_window` (key k visible to query q iff
-0 <= pos_q - pos_k < window, positions being tree depths in a packed row) and the layer's
-attention logit `softcap` (softcap * tanh(scores / softcap), before the mask). Anything else a
-model's attention carries would be silently dropped, so `check_attention` refuses it with one
-line, finding it from the model itself with probe forwards through a recording attention:
+srt replaces a model's attention in the rollout engine (`srt_slots`,
+`srtcli.rollout.engine.slot_cache`) and in packed training (`srt_tree`, `attention.hf`). Both
+compute what transformers' eager attention computes from what each layer passes: scaled
+dot-product attention with the layer's `scaling` and grouped KV heads, the layer's
+`sliding_window` (key k visible to query q iff 0 <= pos_q - pos_k < window, positions being
+tree depths in a packed row) and the layer's attention logit `softcap`
+(softcap * tanh(scores / softcap), before the mask). Anything else a model's attention carries
+would be silently dropped, so `check_attention` refuses it with one line, finding it from the
+model itself with probe forwards through a recording attention:
 
 1. with the model's own masks: every layer must call transformers' attention interface (a model
    computing attention its own way, e.g. Bloom's ALiBi, does not), pass nothing with a value
@@ -20,12 +21,13 @@ It also makes the model's own forwards exact where transformers' are not: its sd
 silently ignores `softcap`, so a softcapping model loaded with sdpa is switched to eager (the
 plain forwards of `srt train --steps`). And it marks a model whose logits are not its LM head
 applied to the last hidden states (final-logit softcapping, a logit scale), so that srt's
-chunked log-prob paths (attention/logprobs.py, srtcli/train/logprobs.py) use the full logits.
+chunked log-prob paths (attention.logprobs, srtcli.train.logprobs) use the full logits.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -50,13 +52,16 @@ class _Call:
     extra: list[str] = field(default_factory=list)
 
 
-_CALLS: list[_Call] = []
+# the calls the probe attention records, set only while a probe forward runs (`_probing`)
+_CALLS: ContextVar[list[_Call] | None] = ContextVar("srt_probe_calls", default=None)
 
 
 def _record(module, query, key, value, attention_mask, dropout=0.0, scaling=None, sliding_window=None,
             softcap=None, **kwargs):
     extra = [k for k, v in kwargs.items() if k not in DESCRIPTIVE and v is not None and v is not False]
-    _CALLS.append(_Call(attention_mask, sliding_window, softcap, extra))
+    calls = _CALLS.get()
+    if calls is not None:
+        calls.append(_Call(attention_mask, sliding_window, softcap, extra))
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=None, is_causal=query.shape[2] > 1,
         enable_gqa=query.shape[1] != key.shape[1], scale=scaling)
@@ -77,10 +82,11 @@ def _probing(model: torch.nn.Module) -> Iterator[list[_Call]]:
     cfg = model.config
     saved = cfg._attn_implementation
     cfg._attn_implementation = PROBE
-    _CALLS.clear()
+    token = _CALLS.set([])
     try:
-        yield _CALLS
+        yield _CALLS.get()
     finally:
+        _CALLS.reset(token)
         cfg._attn_implementation = saved
 
 
@@ -173,8 +179,6 @@ def _probing_or_refuse(where: Any, probe, model: torch.nn.Module):
         first = (str(e).strip().splitlines() or [""])[0][:200]
         raise SrtError(f"{where}: cannot run the model with explicit positions and masks, as srt does "
                        f"({type(e).__name__}: {first})") from None
-    finally:
-        _CALLS.clear()
 
 
 @torch.no_grad()

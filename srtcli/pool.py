@@ -5,7 +5,6 @@ documented in docs/formats.md; this module is its only reader and writer:
 
 - `read_pool(dir)` validates every line and returns `StepRecord`s (errors name file and line;
   a (prompt_uid, trajectory_id, step) seen twice is an error too);
-- `grpo_advantages(steps)` fills in missing advantages the GRPO way;
 - `PoolWriter` appends whole lines, crash-safe, and can resume a file a killed run left behind.
 """
 
@@ -58,8 +57,8 @@ def _is_num(x: Any) -> bool:
     return (isinstance(x, (int, float)) and not isinstance(x, bool)) and math.isfinite(x)
 
 
-def parse_step(text: str) -> StepRecord:
-    """Parse and validate one JSON line; raises ValueError with a short reason."""
+def _step_object(text: str) -> dict[str, Any]:
+    """The line's JSON object, with every required field present."""
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
@@ -69,12 +68,19 @@ def parse_step(text: str) -> StepRecord:
     missing = [k for k in REQUIRED if k not in d]
     if missing:
         raise ValueError(f"missing field(s): {', '.join(missing)}")
+    return d
+
+
+def _check_keys(d: dict[str, Any]) -> None:
     for k in ("prompt_uid", "trajectory_id"):
         if not isinstance(d[k], str) or not d[k]:
             raise ValueError(f"`{k}` must be a non-empty string")
     if not _is_int(d["step"]) or d["step"] < 0:
         raise ValueError("`step` must be an integer >= 0")
-    ids, mask, lps = d["input_ids"], d["loss_mask"], d["old_logprobs"]
+
+
+def _check_tokens(ids: Any, mask: Any, lps: Any) -> None:
+    """input_ids, loss_mask and old_logprobs: well typed, one entry per token."""
     if not isinstance(ids, list) or not ids or not all(_is_int(t) for t in ids):
         raise ValueError("`input_ids` must be a non-empty list of integers")
     if any(t < 0 for t in ids):
@@ -89,24 +95,35 @@ def parse_step(text: str) -> StepRecord:
         )
     if mask[0] == 1:
         raise ValueError("`loss_mask` must be 0 on the first token (nothing predicts it)")
+
+
+def _check_scalars(d: dict[str, Any]) -> None:
     if not _is_num(d["reward"]):
         raise ValueError("`reward` must be a finite number")
     adv = d.get("advantage")
     if adv is not None and not _is_num(adv):
         raise ValueError("`advantage` must be a finite number")
-    meta = d.get("meta") or {}
-    if not isinstance(meta, dict):
+    if not isinstance(d.get("meta") or {}, dict):
         raise ValueError("`meta` must be an object")
+
+
+def parse_step(text: str) -> StepRecord:
+    """Parse and validate one JSON line; raises ValueError with a short reason."""
+    d = _step_object(text)
+    _check_keys(d)
+    _check_tokens(d["input_ids"], d["loss_mask"], d["old_logprobs"])
+    _check_scalars(d)
+    adv = d.get("advantage")
     return StepRecord(
         prompt_uid=d["prompt_uid"],
         trajectory_id=d["trajectory_id"],
         step=d["step"],
-        input_ids=ids,
-        loss_mask=mask,
-        old_logprobs=[float(x) for x in lps],
+        input_ids=d["input_ids"],
+        loss_mask=d["loss_mask"],
+        old_logprobs=[float(x) for x in d["old_logprobs"]],
         reward=float(d["reward"]),
         advantage=None if adv is None else float(adv),
-        meta=meta,
+        meta=d.get("meta") or {},
     )
 
 
@@ -125,7 +142,7 @@ def pool_files(pool: Path) -> list[Path]:
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text) of a pool file, plain or zstd (srtcli/jsonl.py splits and decodes)."""
+    """(line number, text) of a pool file, plain or zstd (srtcli.jsonl splits and decodes)."""
     if not path.name.endswith(".zst"):
         yield from read_lines(path)
         return
@@ -176,36 +193,6 @@ def read_pool(pool: Path, skip_bad: bool = False, stats: dict | None = None) -> 
     if not steps:
         raise SrtError(f"{pool}: the steps pool holds no valid step")
     return steps
-
-
-def grpo_advantages(steps: list[StepRecord]) -> list[float]:
-    """Each step's advantage: its own if given, else GRPO's.
-
-    GRPO: a trajectory's reward is the reward of its last step; within a group (same
-    `prompt_uid`) advantage = (R - mean) / (std + 1e-6) with the population std over the
-    group's trajectories; every step of a trajectory gets its trajectory's value.
-    """
-    last: dict[tuple[str, str], StepRecord] = {}
-    for s in steps:
-        key = (s.prompt_uid, s.trajectory_id)
-        if key not in last or s.step >= last[key].step:
-            last[key] = s
-    groups: dict[str, list[float]] = {}
-    for (uid, _), s in last.items():
-        groups.setdefault(uid, []).append(s.reward)
-    norm: dict[str, tuple[float, float]] = {}
-    for uid, rs in groups.items():
-        mean = sum(rs) / len(rs)
-        std = math.sqrt(sum((r - mean) ** 2 for r in rs) / len(rs))
-        norm[uid] = (mean, std)
-    out = []
-    for s in steps:
-        if s.advantage is not None:
-            out.append(s.advantage)
-            continue
-        mean, std = norm[s.prompt_uid]
-        out.append((last[(s.prompt_uid, s.trajectory_id)].reward - mean) / (std + 1e-6))
-    return out
 
 
 class PoolWriter:

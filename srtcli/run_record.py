@@ -1,8 +1,8 @@
 """What defines a run, recorded when it starts so that `--resume` can refuse a changed one.
 
 A record maps flag names (`--temperature`, `-n`, `--model`) to the values that decide what the
-run produces. `srt rollout` keeps its record beside the pool (srtcli/rollout/pool_guard.py), `srt train`
-in every checkpoint (srtcli/train/resume.py); on `--resume` each compares the recorded values
+run produces. `srt rollout` keeps its record beside the pool (srtcli.rollout.pool_guard), `srt train`
+in every checkpoint (srtcli.train.resume); on `--resume` each compares the recorded values
 with the new ones (`mismatches`) and refuses a difference in one line naming the option and
 both values.
 

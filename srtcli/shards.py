@@ -15,14 +15,15 @@ and the shard's safetensors metadata `rows` is JSON: per row `n_real` and per st
 `prompt_uid`, `trajectory_id`, `meta`. Step i of a row is the sequence of path i, so a
 step's input_ids are `input_ids[paths[off[i]:off[i+1]]]` and nothing else is needed to train.
 
-Writing is all-or-nothing: everything goes to a temporary sibling directory that is renamed
-into place only when complete, so a failed or killed run never leaves a partial shard set.
-An existing `out` is replaced only with `overwrite`, and only if it holds a shard set and
-nothing else (`check_out`): never the input, a regular file or someone's directory.
+Writing is all-or-nothing: a temporary sibling directory is renamed into place when complete,
+so a failed or killed run never leaves a partial set. An existing `out` is replaced only with
+`overwrite` and only while it holds nothing but a shard set (checked by `check_out`, and again
+at the swap): never the input, a regular file or someone's directory.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -44,8 +45,6 @@ from srtcli.pool import StepRecord
 FORMAT = "srt-shards"
 VERSION = 1
 MANIFEST = "manifest.json"
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
 
 
 @dataclass
@@ -84,36 +83,36 @@ def _row_tensors(r: int, sr: ShardRow) -> tuple[dict[str, torch.Tensor], dict[st
     return {f"r{r}.{k}": v.contiguous() for k, v in t.items()}, meta
 
 
-def write_shards(
-    out: Path,
-    rows: Iterable[ShardRow],
-    summary: dict[str, Any],
-    rows_per_shard: int = 64,
-    overwrite: bool = False,
-) -> dict[str, Any]:
-    """Write a complete shard set to `out` atomically; returns the manifest.
+@dataclass(frozen=True)
+class ShardTarget:
+    """An output directory `check_out` accepted: the only kind `write_shards` writes to."""
 
-    Every step must carry its advantage (fill it with `srtcli.pool.grpo_advantages`).
-    """
-    out = Path(out)
-    check_out(out, overwrite)
+    path: Path
+    overwrite: bool
+
+
+def write_shards(target: ShardTarget, rows: Iterable[ShardRow], summary: dict[str, Any],
+                 rows_per_shard: int = 64) -> dict[str, Any]:
+    """Write a complete shard set to `target` atomically; returns the manifest. Every step
+    must carry its advantage (`srtcli.advantages.grpo_advantages` fills it)."""
+    out = target.path
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()  # a plain mkdir honours the umask, so the finished set gets normal permissions
     try:
-        shards = _write_all(tmp, list(rows), max(1, rows_per_shard))
+        shards = _write_all(tmp, list(rows), max(1, rows_per_shard), 0o666 & ~_umask())
         manifest = {"format": FORMAT, "version": VERSION, **summary, "shards": shards}
         _write_json(tmp / MANIFEST, manifest)
-        _swap_into_place(tmp, out)
+        _swap_into_place(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return manifest
 
 
-def check_out(out: Path, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
-    """Refuse an `--out` whose replacement would destroy anything but a previous shard set.
+def check_out(out: Path, overwrite: bool, inputs: Iterable[Path] = ()) -> ShardTarget:
+    """`out` as a target, unless writing it would destroy anything but a previous shard set.
 
     A missing `out` or an empty directory is written; with `overwrite`, so is a directory that
     holds nothing but a shard set (its manifest and shard files). Never a regular file, a
@@ -124,15 +123,13 @@ def check_out(out: Path, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
             raise SrtError(f"{out}: holds the input {p} (choose another --out)")
     if out.is_symlink():
         raise SrtError(f"{out}: is a symbolic link (pass the directory it points to as --out)")
-    if not out.exists():
-        return
-    if not out.is_dir():
+    if out.exists() and not out.is_dir():
         raise SrtError(f"{out}: exists and is not a directory (--out must be a shards directory)")
-    if not any(out.iterdir()):
-        return
-    if not overwrite:
-        raise SrtError(f"{out}: already exists (choose another --out, or --overwrite)")
-    _check_only_a_shard_set(out)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise SrtError(f"{out}: already exists (choose another --out, or --overwrite)")
+        _check_only_a_shard_set(out)
+    return ShardTarget(out, overwrite)
 
 
 def _contains(out: Path, p: Path) -> bool:
@@ -175,7 +172,14 @@ def _remove_stale_temps(out: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def _write_all(tmp: Path, rows: list[ShardRow], per: int) -> list[dict[str, Any]]:
+def _umask() -> int:
+    """The process umask, read when a set is written (reading it means setting it: put back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write_all(tmp: Path, rows: list[ShardRow], per: int, mode: int) -> list[dict[str, Any]]:
     shards = []
     for s, start in enumerate(range(0, len(rows), per)):
         tensors: dict[str, torch.Tensor] = {}
@@ -189,7 +193,7 @@ def _write_all(tmp: Path, rows: list[ShardRow], per: int) -> list[dict[str, Any]
             metas.append(m)
         name = f"shard-{s:05d}.safetensors"
         save_file(tensors, str(tmp / name), metadata={"format": FORMAT, "rows": json.dumps(metas)})
-        os.chmod(tmp / name, 0o666 & ~_UMASK)  # safetensors creates its files private
+        os.chmod(tmp / name, mode)  # safetensors creates its files private
         _fsync(tmp / name)
         shards.append({"file": name, "rows": len(metas)})
     return shards
@@ -211,13 +215,22 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Rename the finished set over `out`; an old set is moved aside first, then removed."""
-    old = None
-    if out.exists():
+def _swap_into_place(tmp: Path, target: ShardTarget) -> None:
+    """Rename the finished set over `out`; an old set is moved aside first, then removed.
+    A directory filled since `check_out` is refused (with `overwrite` unless it is still only a
+    shard set; without, by the rename itself)."""
+    out, old = target.path, None
+    if target.overwrite and out.exists():
+        if any(out.iterdir()):
+            _check_only_a_shard_set(out)
         old = out.parent / f".{out.name}.old-{os.getpid()}"
         os.rename(out, old)
-    os.rename(tmp, out)
+    try:
+        os.rename(tmp, out)
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise
+        raise SrtError(f"{out}: already exists (choose another --out, or --overwrite)") from None
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -1,7 +1,7 @@
 """Tokenizers for the cache: loading one from a model directory, fingerprinting it, and
 turning prompts and responses into token ids.
 
-A cache key is `prompt_uid(prompt_ids, fingerprint)` (cache_store/uid.py). The fingerprint
+A cache key is `prompt_uid(prompt_ids, fingerprint)` (cache_store.uid). The fingerprint
 identifies what token ids *mean*: a hash of the vocabulary (token -> id, sorted) and of the
 special and added tokens. Two tokenizers with the same fingerprint give the same ids the
 same strings, so their trees may be shared; any difference in the vocabulary separates them.
@@ -22,7 +22,19 @@ from typing import Any
 
 from srtcli.errors import SrtError
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+# the files a tokenizer (with its chat template) may consist of: a directory with none of them
+# has no tokenizer, and a checkpoint copies those its model directory has
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 
 
 def check_dir(model_dir: str | Path) -> Path:

@@ -9,6 +9,7 @@ cycle, counting imports inside functions too.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,46 @@ def test_the_libraries_never_import_srtcli(pkg: str) -> None:
     bad = [f"{n}:{line}" for n in MODULES if n.startswith(pkg) for base, _, line in imports(n)
            if base.split(".")[0] == "srtcli"]
     assert bad == []
+
+
+def top_level_names(name: str) -> set[str]:
+    """What a module defines or imports at its top level (what `module.name` can refer to)."""
+    out = set()
+    for node in ast.parse(MODULES[name].read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            out.update(t.id for t in targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return out
+
+
+def resolves(ref: str) -> bool:
+    """`pkg.module[.name...]` names a module, or a module and something it defines."""
+    parts = ref.split(".")
+    for i in range(len(parts), 0, -1):
+        mod = ".".join(parts[:i])
+        if mod in MODULES or is_extension(mod):
+            return i == len(parts) or is_extension(mod) or parts[i] in top_level_names(mod)
+    return False
+
+
+DOTTED = re.compile(r"(?<![\w./-])((?:srtcli|cache_store|attention)(?:\.[A-Za-z_]\w*)+)")
+PATH = re.compile(r"(?<![\w./-])((?:srtcli|cache_store|attention|tests|bench|examples|docs)/[\w./-]*[\w/])(?![\w*/-]|\.\w)")
+
+
+def test_every_module_the_source_names_exists() -> None:
+    """Docstrings and comments name modules as `srtcli.x.y` (and what they define): none is stale."""
+    stale = [f"{n}: {m}" for n, f in MODULES.items() for m in DOTTED.findall(f.read_text())
+             if not resolves(m.rstrip("."))]
+    assert stale == []
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))])
+def test_every_path_the_docs_name_exists(doc: str) -> None:
+    text = (ROOT / doc).read_text()
+    missing = sorted({p for p in PATH.findall(text) if not (ROOT / p.rstrip(".")).exists()
+                      and not any(c in p for c in "*{<")})
+    assert missing == []

@@ -1,18 +1,18 @@
 """The `srt` command: a click group whose subcommands live in their own modules.
 
-    srt rollout  speculative rollout with the SRT drafter        (srtcli/rollout/driver.py)
-    srt pack     prefix-tree packing of a steps pool into shards   (srtcli/cli/pack.py)
-    srt train    policy-gradient training over packed shards       (srtcli/cli/train.py)
-    srt cache    stats | prune | export | import | add             (srtcli/cli/cache.py)
+    srt rollout  speculative rollout with the SRT drafter        (srtcli.cli.rollout)
+    srt pack     prefix-tree packing of a steps pool into shards   (srtcli.cli.pack)
+    srt train    policy-gradient training over packed shards       (srtcli.cli.train)
+    srt cache    stats | prune | export | import | add             (srtcli.cli.cache)
 
 Subcommands are registered lazily so that `srt cache stats` never imports torch, and `srt
 --help` lists them from COMMANDS without importing any (tests/srtcli/cli/test_cli.py checks that
 each one-line help there is its command's docstring).
 
 The group also owns how a run ends: srt's own errors (`srtcli.errors`, raised by library code)
-are one `Error: ...` line with exit status 1, an interruption its one line with 130; a usage error (a bad flag value, from the command line or
-a `--config` file, an unknown flag, a missing option) is one `Error: ...` line with exit status
-1; Ctrl-C is one line with exit status 130; srt's own warnings are one `srt: warning: ...` line.
+and usage errors (a bad flag value, from the command line or a `--config` file, an unknown flag,
+a missing option) are one `Error: ...` line with exit status 1; an interruption (Ctrl-C) is one
+line with exit status 130; srt's own warnings are one `srt: warning: ...` line.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from srtcli.errors import Interrupted, SrtError
 
 # command name -> ("module:attribute", its docstring's first line, shown by `srt --help`)
 COMMANDS = {
-    "rollout": ("srtcli.rollout.driver:rollout",
+    "rollout": ("srtcli.cli.rollout:rollout",
                 "Speculative rollout: sample K completions per prompt into a steps pool (lossless)."),
     "pack": ("srtcli.cli.pack:pack", "Pack a steps pool into prefix-tree rows and write shards."),
     "train": ("srtcli.cli.train:train",

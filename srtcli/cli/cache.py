@@ -9,7 +9,7 @@
 
 The cache is `--cache DIR`, else `$SRT_CACHE`, else `~/.cache/srt`. stats/prune/export/import
 never import torch (only `add` may, to load a tokenizer). The store itself is in
-cache_store/; this module parses flags, maps every cache error to one line (exit 1), and
+cache_store/ and `add`'s two-pass pipeline in srtcli.cache_add; this module parses flags and
 prints (`--json`: one JSON object, the last line of stdout, whose `cache` is the cache
 directory and `out` what the command wrote, as in every srt command).
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import click
 
@@ -190,168 +190,11 @@ def import_(cache: str | None, src: str, json: bool) -> None:  # noqa: A002
 @json_opt
 def add(cache, source, model, tokenizer_fingerprint, skip_bad, half_life, floor, json) -> None:  # noqa: ANN001, A002
     """Warm the cache from rollouts in a JSONL file or a steps pool (SOURCE)."""
+    from srtcli.cache_add import add_rollouts
+
     as_json = json
-    obj = run_add(Path(source), model, tokenizer_fingerprint, skip_bad, cache, half_life, floor, as_json)
+    obj = add_rollouts(Path(source), model, tokenizer_fingerprint, skip_bad, cache, half_life, floor, as_json)
     emit(as_json, obj, [
         f"added {obj['rollouts']} rollouts ({obj['tokens']:,} tokens) to {obj['trees']} trees in {obj['cache']}"
         + (f"; skipped {obj['skipped']} bad lines" if obj["skipped"] else "")
     ])
-
-
-# -- `srt cache add`: two passes, so bad input is found before the cache is touched --------
-
-
-def _sniff_pool(source: Path) -> bool:
-    """Whether SOURCE is a steps pool: a directory, or a file whose first line is a step."""
-    if source.is_dir():
-        return True
-    if source.name.endswith(".zst"):
-        return True
-    from srtcli.jsonl import read_lines
-
-    try:
-        for _, text in read_lines(source):
-            if text.strip():
-                try:
-                    d = json.loads(text)
-                except json.JSONDecodeError:
-                    return False
-                return isinstance(d, dict) and "input_ids" in d and "loss_mask" in d
-    except SrtError:  # not UTF-8: the rollout reader reports the line
-        return False
-    return False
-
-
-def _check_vocab(ids: list[int], vocab: int | None) -> None:
-    if vocab is not None and ids and max(ids) >= vocab:
-        raise ValueError(f"token id {max(ids)} is outside the tokenizer's vocabulary (size {vocab})")
-
-
-def _rollout_lines(source: Path, skip_bad: bool, stats: dict, vocab: int | None) -> Iterator[tuple[int, Any]]:
-    """(line number, RolloutLine) of a rollout JSONL file; bad lines raise or are counted."""
-    from cache_store.warm import parse_rollout_line
-    from srtcli.errors import at
-    from srtcli.jsonl import read_lines
-
-    for lineno, text in read_lines(source):
-        if not text.strip():
-            continue
-        try:
-            r = parse_rollout_line(text)
-            if r.prompt_ids is not None:
-                _check_vocab(r.prompt_ids + r.response_ids, vocab)
-            yield lineno, r
-        except ValueError as e:
-            if not skip_bad:
-                raise at(source, lineno, str(e)) from None
-            stats["skipped"] += 1
-
-
-def _tokenized(source: Path, tok: Any, skip_bad: bool) -> Iterator[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) per good line; text lines go through the tokenizer."""
-    from srtcli.errors import at
-    from srtcli.tokenizers import encode_prompt, encode_response
-
-    for lineno, r in _rollout_lines(source, skip_bad, {"skipped": 0}, _vocab(tok)):
-        if r.prompt_ids is not None:
-            yield r.prompt_ids, r.response_ids
-            continue
-        try:
-            yield encode_prompt(tok, r.prompt), encode_response(tok, r.response)
-        except Exception as e:  # a template that rejects these messages: the line is at fault
-            raise at(source, lineno, f"cannot tokenize: {type(e).__name__}: {e}") from None
-
-
-def _tokenizer(model: str | None, given: str | None) -> tuple[Any, str | None]:
-    """(tokenizer or None, fingerprint or None) from --model / --tokenizer-fingerprint."""
-    from srtcli.tokenizers import load_tokenizer, tokenizer_fingerprint
-
-    if model is None:
-        return None, given or None
-    tok = load_tokenizer(model)
-    fp = tokenizer_fingerprint(tok)
-    if given and given != fp:
-        raise SrtError(f"--tokenizer-fingerprint {given} differs from {model}'s ({fp})")
-    return tok, fp
-
-
-def _vocab(tok: Any) -> int | None:
-    return None if tok is None else len(tok)
-
-
-def _need(tok: Any, fp: str | None, needs_text: bool) -> str:
-    if needs_text and tok is None:
-        raise SrtError("text rollouts need --model (its tokenizer and chat template)")
-    if fp is None:
-        raise SrtError("token ids need --model or --tokenizer-fingerprint so trees land under the right tokenizer")
-    return fp
-
-
-def _pool_checked(source: Path, steps: Iterator[Any], vocab: int | None) -> Iterator[Any]:
-    for s in steps:
-        try:
-            _check_vocab(s.input_ids, vocab)
-        except ValueError as e:
-            raise SrtError(f"{source}: trajectory {s.trajectory_id} step {s.step}: {e}") from None
-        yield s
-
-
-def run_add(source: Path, model: str | None, fingerprint: str | None, skip_bad: bool,
-            cache_dir: str | None, half_life: float | None, floor: float | None, as_json: bool) -> dict:
-    """`srt cache add`: validate SOURCE fully (pass 1), then insert and commit (pass 2)."""
-    from cache_store.warm import Warmer, pool_rollouts
-    from srtcli.pool import iter_steps
-
-    if not source.exists():
-        raise SrtError(f"{source}: no such file or directory")
-    stats = {"skipped": 0}
-    pool = _sniff_pool(source)
-    tok, fp = _tokenizer(model, fingerprint)
-    if pool:
-        rollouts = pool_rollouts(_pool_checked(source, iter_steps(source, skip_bad, stats), _vocab(tok)))
-        first = next(rollouts, None)  # consumes and validates the whole pool
-        _refuse_empty(source, first is not None, stats["skipped"])
-        fp = _need(tok, fp, needs_text=False)
-        items: Any = _chain(first, rollouts)
-    else:
-        needs_text, good = False, 0
-        for _, r in _rollout_lines(source, skip_bad, stats, _vocab(tok)):
-            needs_text, good = needs_text or r.prompt_ids is None, good + 1
-        _refuse_empty(source, good > 0, stats["skipped"])
-        fp = _need(tok, fp, needs_text)
-        items = _tokenized(source, tok, skip_bad)
-    settings = {k: v for k, v in (("half_life", half_life), ("floor", floor)) if v is not None}
-    with open_store(Path(cache_dir) if cache_dir else None, create=True, **settings) as store:
-        warmer = Warmer(store, fp)
-        for prompt_ids, response_ids in _progress(items, as_json):
-            warmer.add(prompt_ids, response_ids)
-        warmer.flush()
-        where = str(store.path)
-    return {"cache": where, "rollouts": warmer.rollouts, "tokens": warmer.tokens, "trees": len(warmer.uids),
-            "skipped": stats["skipped"], "tokenizer_fingerprint": fp}
-
-
-def _refuse_empty(source: Path, any_good: bool, skipped: int) -> None:
-    """Nothing to add is an error, as for `srt rollout` and `srt pack` (before the cache opens)."""
-    if not any_good:
-        why = f"every line was bad: {skipped} skipped" if skipped else "it is empty"
-        raise SrtError(f"{source}: no rollouts to add ({why})")
-
-
-def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
-    yield first
-    yield from rest
-
-
-def _progress(items: Iterator[Any], as_json: bool) -> Iterator[Any]:
-    """A rich spinner with a count on a terminal; plain iteration otherwise."""
-    if as_json or not sys.stdout.isatty():
-        yield from items
-        return
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    with Progress(SpinnerColumn(), TextColumn("adding rollouts: {task.completed:,}"), TimeElapsedColumn()) as bar:
-        task = bar.add_task("add", total=None)
-        for item in items:
-            yield item
-            bar.advance(task)

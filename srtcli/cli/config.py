@@ -4,7 +4,7 @@ The option is eager, so it runs before the others; it loads the YAML mapping int
 click context's `default_map`, which click consults only for parameters the user did
 not give on the command line. That is exactly "flags win over the file". It also records
 where each value came from, so a bad one is reported as `file:line: key: reason`
-(`config_source`, used by srtcli/cli/__init__.py).
+(`config_source`, used by srtcli.cli).
 """
 
 from __future__ import annotations

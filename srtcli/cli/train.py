@@ -1,4 +1,4 @@
-"""`srt train`: the click command. The loop itself is srtcli/train/loop.py.
+"""`srt train`: the click command. The run itself is `srtcli.train.loop.train`.
 
 `--nproc N` is a shorthand for `torchrun --nproc-per-node N -m srtcli train ...`: it checks
 the inputs here (so user errors stay one line, without torchrun's failure report) and then
@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from srtcli.cli.config import config_option
-from srtcli.errors import Interrupted, SrtError
+from srtcli.errors import Interrupted
 from srtcli.train.loss import AGG_MODES
 
 _PATH = click.Path(path_type=Path)
@@ -56,34 +56,43 @@ _PATH = click.Path(path_type=Path)
 @click.pass_context
 def train(ctx: click.Context, nproc: int, json_mode: bool, **opts) -> None:
     """Policy-gradient (PPO-clip) training over packed shards or a raw steps pool."""
-    if (opts["steps"] is None) == (opts["shards"] is None):
-        raise SrtError("give exactly one of --shards DIR or --steps POOL")
+    from srtcli.train.config import TrainConfig
+
+    cfg = TrainConfig(**opts)
     if nproc > 1:
-        _precheck(opts)
+        from srtcli.train.loop import precheck
+
+        precheck(cfg)  # once here, not once per rank with torchrun's failure report
         try:
             sys.exit(_launch(ctx, nproc, json_mode))
         except KeyboardInterrupt:
-            raise interrupted(opts["out"]) from None
+            raise interrupted(cfg.out) from None
+    summary = _run(cfg, json_mode)
+    if summary is not None:  # rank 0
+        if json_mode:
+            click.echo(json.dumps(summary, separators=(",", ":")))
+        else:
+            click.echo(f"trained {summary['steps_run']} steps in {summary['wall_s']:.1f}s; model in {summary['out']}")
+
+
+def _run(cfg, json_mode: bool) -> dict | None:
+    """This process's part of the run (one of the ranks under torchrun); the summary on rank 0."""
     from srtcli.train import dist
-    from srtcli.train.loop import TrainConfig, train as run
+    from srtcli.train.loop import train as run
 
     info = dist.init()
     try:
-        summary = run(TrainConfig(**opts), info, json_mode)
+        summary = run(cfg, info, json_mode)
         # leave together: a gloo rank tearing down while another still writes the last
         # checkpoint has been seen to abort at exit (only on success: a failed rank must exit)
         dist.barrier(info)
     except KeyboardInterrupt:
         if not info.main:  # rank 0 says it once
             sys.exit(Interrupted.exit_code)
-        raise interrupted(opts["out"]) from None
+        raise interrupted(cfg.out) from None
     finally:
         dist.shutdown(info)
-    if info.main:
-        if json_mode:
-            click.echo(json.dumps(summary, separators=(",", ":")))
-        else:
-            click.echo(f"trained {summary['steps_run']} steps in {summary['wall_s']:.1f}s; model in {summary['out']}")
+    return summary if info.main else None
 
 
 def interrupted(out: Path) -> Interrupted:
@@ -98,26 +107,6 @@ def interrupted(out: Path) -> Interrupted:
         return Interrupted(f"srt train: interrupted before the first checkpoint; rerun with --resume "
                            f"to start over in {out} (--save-every N keeps progress)")
     return Interrupted(f"srt train: interrupted; nothing was written to {out}")
-
-
-def _precheck(opts: dict) -> None:
-    """The user errors torchrun would otherwise report N times with a traceback."""
-    from srtcli.train.loop import TrainConfig, check_numbers
-    from srtcli.train.checkpoint import has_run
-    from srtcli.train.model import check_model_dir, resolve_model_dir
-
-    check_numbers(TrainConfig(**opts))
-    if opts["steps"] is not None:
-        from srtcli.pool import read_pool
-
-        read_pool(opts["steps"], skip_bad=opts["skip_bad"])
-    else:
-        from srtcli.train.data import load_packed
-
-        load_packed(opts["shards"])
-    check_model_dir(resolve_model_dir(opts["model"]))
-    if has_run(opts["out"]) and not opts["resume"]:
-        raise SrtError(f"{opts['out']}: already holds a training run (pass --resume to continue it, or another --out)")
 
 
 def _launch(ctx: click.Context, nproc: int, json_mode: bool) -> int:

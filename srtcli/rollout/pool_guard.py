@@ -6,7 +6,7 @@
   of the same pool is refused at once with one line. The kernel drops the lock when its process
   ends, however it ends, so a SIGKILLed writer never blocks the next run; the lock file is
   removed (while still locked) when the guard is released.
-- the run record `NAME.run.json`: what defines the run (srtcli/run_record.py), written when the
+- the run record `NAME.run.json`: what defines the run (srtcli.run_record), written when the
   pool is started and compared on `--resume`; a mismatch is refused with one line. A pool
   written before records existed resumes with a one-line note that its options could not be
   checked.
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from srtcli.errors import SrtError
+from srtcli.rollout.config import RolloutConfig
 from srtcli.run_record import mismatches
 
 RECORD_FORMAT = "srt-rollout-run"
@@ -174,3 +175,26 @@ class PoolGuard:
                 d.rmdir()  # only if we made it and it is empty
             except OSError:
                 break
+
+
+# What decides the samples a pool holds; a resumed run must not change them. Speed-only
+# options (--draft, --budget, --batch-size, --cache, --device, --engine, ...) may change.
+RUN_OPTIONS = ("-n", "--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed", "--tools", "--reward")
+
+
+def run_definition(config: RolloutConfig) -> dict[str, Any]:
+    """The run record of a rollout (srtcli.run_record): models and prompts by content."""
+    from srtcli.models import default_model_dir
+    from srtcli.run_record import file_entry
+
+    c = config
+    values = {"-n": c.k, "--max-new-tokens": c.max_new_tokens, "--temperature": c.temperature,
+              "--top-p": c.top_p, "--top-k": c.top_k, "--seed": c.seed, "--tools": c.tool, "--reward": c.reward_spec}
+    model = Path(c.model) if c.model else default_model_dir()
+    return {"--model": file_entry(model), "--prompts": file_entry(Path(c.prompts_path)),
+            **{k: values[k] for k in RUN_OPTIONS}}
+
+
+def guard_for(config: RolloutConfig) -> PoolGuard:
+    """The pool's lock and run record for this run."""
+    return PoolGuard(config.pool_file, run_definition(config), bool(config.resume))

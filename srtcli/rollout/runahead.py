@@ -20,7 +20,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
-from srtcli.rollout.engine.engine import Engine, Sequence
+from srtcli.rollout.engine.engine import Engine
+from srtcli.rollout.engine.sequence import Sequence
 
 
 @dataclass

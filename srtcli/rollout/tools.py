@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from srtcli.errors import SrtError
 
@@ -194,3 +194,25 @@ def run_tool(name: str, call: ToolCall | str) -> str:
         raise SrtError(f"unknown tool {name!r}; known: {', '.join(sorted(TOOLS))}")
     expr = call.expr if isinstance(call, ToolCall) else call
     return f"{RESULT_OPEN}{tool.run(expr)}{RESULT_CLOSE}"
+
+
+def tool_hooks(tok: Any, tool: str) -> tuple[Callable, Callable]:
+    """(stop_fn, turn_end) for the embedded engine: stop a turn where a tool call closes, then
+    append the tool's result as non-trained tokens."""
+    ends = {i for t, i in tok.get_vocab().items() if ">" in tok.convert_tokens_to_string([t])}
+
+    def stop_fn(seq: Any, emitted: list[int]) -> int | None:
+        for i, t in enumerate(emitted):
+            if t in ends:
+                text = tok.decode(seq.tokens[seq.turn_start:] + emitted[: i + 1], skip_special_tokens=False)
+                if find_tool_call(text) is not None:
+                    return i + 1
+        return None
+
+    def turn_end(seq: Any) -> list[int] | None:
+        call = find_tool_call(tok.decode(seq.tokens[seq.turn_start:], skip_special_tokens=False))
+        if call is None:
+            return None
+        return list(tok.encode(run_tool(tool, call), add_special_tokens=False))
+
+    return stop_fn, turn_end

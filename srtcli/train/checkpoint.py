@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from srtcli.train.model import copy_tokenizer_files
+from srtcli.models import copy_tokenizer_files
 
 STATE = "trainer_state.pt"
 CKPT_DIR = "checkpoints"
@@ -82,7 +82,7 @@ def save_checkpoint(
     """Write `out/checkpoints/step-N` atomically; returns its path.
 
     `model_state` / `optim_state` replace the modules' own state dicts (FSDP gathers full
-    ones, see srtcli/train/fsdp.py)."""
+    ones, see srtcli.train.fsdp)."""
     final = step_dir(out, step)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"

@@ -3,7 +3,7 @@
 A `WorkRow` is one forward unit: either a packed row from `srt pack` (many sequences, tree
 attention) or, on the reference path (`--steps`), a single step run as a plain causal row.
 Either way it carries the `TrainSeq`s it holds, each with its own advantage, so the loss
-(srtcli/train/loss.py) sees the same per-sequence terms on both paths.
+(srtcli.train.loss) sees the same per-sequence terms on both paths.
 
 How the work is cut, outermost first:
 
@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from srtcli.advantages import grpo_advantages
 from srtcli.errors import SrtError
-from srtcli.pool import StepRecord, grpo_advantages, read_pool
+from srtcli.pool import StepRecord, read_pool
 
 
 @dataclass

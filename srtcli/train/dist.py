@@ -5,7 +5,7 @@
 process every helper here is the identity, so the training loop never branches on it.
 
 Why sums and not averages: the loss is normalised by *global* counts (trained tokens or
-sequences of the whole optimizer-step batch, see srtcli/train/loss.py), so each rank's gradient is
+sequences of the whole optimizer-step batch, see srtcli.train.loss), so each rank's gradient is
 already its exact share of the global gradient; summing the shares gives the single-process
 gradient. Averaging would only be right if every rank had the same normaliser.
 """
@@ -123,11 +123,3 @@ def _reduce_bucket(grads: list[torch.Tensor]) -> None:
             g.copy_(flat[offset : offset + n].view_as(g))
             offset += n
 
-
-def broadcast_object(info: DistInfo, obj: object) -> object:
-    """Rank 0's value of a small picklable object on every rank."""
-    if not info.active:
-        return obj
-    box = [obj]
-    tdist.broadcast_object_list(box, src=0)
-    return box[0]

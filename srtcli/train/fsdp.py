@@ -4,7 +4,7 @@ Each decoder layer (the model's `_no_split_modules` classes) and then the whole 
 `fully_shard`, so a rank holds 1/N of everything between forwards. What changes elsewhere:
 
 - gradients: FSDP reduce-scatters them with an *average*; the loss is already normalised by
-  global counts (srtcli/train/loss.py), so each micro-batch's loss is scaled by the world size
+  global counts (srtcli.train.loss), so each micro-batch's loss is scaled by the world size
   before backward, which turns the average back into the exact sum (gloo has no PREMUL_SUM,
   so a divide factor of 1 is not an option on CPU). Gradient sync runs on the last
   micro-batch only;

@@ -2,7 +2,7 @@
 
 Both paths end in the same `SeqTensors`: one row per training sequence, column t-1 holding
 token t's log-prob given tokens < t (t = 1..L-1), next to that token's old log-prob, loss
-mask, and the sequence's advantage. The loss (srtcli/train/loss.py) never knows whether the
+mask, and the sequence's advantage. The loss (srtcli.train.loss) never knows whether the
 log-probs came from a plain causal forward or from a packed tree row.
 
 - plain rows (`--steps`): the steps are right-padded into one [B, L] batch with an attention

@@ -1,21 +1,23 @@
 """Metrics of `srt train`: one JSON line per optimizer step in metrics.jsonl, and the console.
 
 Only rank 0 reports. The console gets one rich line per step (stderr when `--json` keeps
-stdout for the summary) and a progress bar only when stdout is a terminal. metrics.jsonl lines
-are written whole and flushed; on `--resume`, lines of steps after the checkpoint (work that
-will be redone) and a partial last line are dropped first.
+stdout for the summary) and the one progress display, `srtcli.progress` (shown only on a
+terminal, without `--json`). metrics.jsonl lines are written whole and flushed; on `--resume`,
+lines of steps after the checkpoint (work that will be redone) and a partial last line are
+dropped first.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from srtcli.progress import Bar, progress
 
 METRICS = "metrics.jsonl"
 
@@ -54,14 +56,10 @@ class Reporter:
         self.total = total
         self.console = Console(stderr=json_mode, highlight=False, soft_wrap=True)
         self._file = open(Path(out) / METRICS, "a", encoding="utf-8") if enabled else None
-        self._progress = None
-        if enabled and not json_mode and sys.stdout.isatty():
-            self._progress = Progress(
-                TextColumn("train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                TimeRemainingColumn(), console=self.console, transient=True,
-            )
-            self._task = self._progress.add_task("train", total=total, completed=start)
-            self._progress.start()
+        self._stack = ExitStack()
+        self._bar = Bar()
+        if enabled:  # shown only on a terminal without --json (srtcli.progress)
+            self._bar = self._stack.enter_context(progress("train", total, start, json_mode, self.console))
 
     def info(self, text: str) -> None:
         if self.enabled:
@@ -74,13 +72,11 @@ class Reporter:
         self._file.write(json.dumps(rec, separators=(",", ":")) + "\n")
         self._file.flush()
         self.console.print(format_line(rec, self.total))
-        if self._progress is not None:
-            self._progress.update(self._task, completed=rec["step"])
+        self._bar.update(rec["step"])
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        self._stack.close()
+        self._bar = Bar()
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -1,7 +1,7 @@
 """What `srt train --resume` may change, and what it refuses.
 
 Every checkpoint records the run that wrote it (`run_definition`: flag names to values, the
-model and the data by content digest; srtcli/run_record.py). Resuming compares that record
+model and the data by content digest; srtcli.run_record). Resuming compares that record
 with the new options (`check_resume`):
 
 - refused, one line naming each option with both values: the data (`--steps`/`--shards`),

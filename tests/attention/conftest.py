@@ -15,27 +15,11 @@ def pytest_configure(config):
 
 def tiny_model(kind: str = "qwen2", seed: int = 0, vocab: int = 100):
     """A random tiny causal LM: hidden 64, 2 layers, 4 heads, 2 KV heads (GQA), RoPE, float32."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from srtcli.tiny_model import tiny_model as build
 
-    torch.manual_seed(seed)
-    common = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=vocab,
-        max_position_embeddings=1024,
-        rope_theta=10000.0,
-        # larger than the default 0.02, so attention is sharp and a wrong mask or position shows
-        initializer_range=0.1,
-        attn_implementation="sdpa",
-    )
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    return model.float().eval()
+    # init larger than the default 0.02, so attention is sharp and a wrong mask or position shows
+    return build(kind, vocab, seed, hidden=64, max_positions=1024, rope_theta=10000.0, initializer_range=0.1,
+                 attn_implementation="sdpa")
 
 
 def separate_logprobs(model, seq: list[int], entropy: bool = False):

@@ -2,7 +2,7 @@
 
 Real transformers classes (Qwen2, Llama) with tiny random configs (RoPE, grouped-query
 attention), float32 on CPU. Log-probs must agree to 1e-4 (max abs), gradients of the summed
-log-probs to 1e-4 relative, on every case the issue lists, on random forests, and for every
+log-probs to 1e-4 relative, on every case of the packing design, on random forests, and for every
 backend; a wrong mask or wrong position ids must fail the same check.
 """
 

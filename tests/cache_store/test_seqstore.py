@@ -168,7 +168,8 @@ def test_every_single_byte_flip_is_caught():
 # read transaction and writes in a later one, so racing writers overwrite each other.
 WRITER = r"""
 import random, struct, sys, time
-from cache_store.seqstore import LmdbSequenceStore, _META, _key
+from cache_store.seqenv import META
+from cache_store.seqstore import LmdbSequenceStore, _key
 from cache_store import seqrecord
 from cache_store.uid import prompt_uid
 path, start, n, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -185,11 +186,11 @@ for i in range(start, start + n):
     print("begin", i, flush=True)
     if mode == "naive":
         uid, e = targets[0], s._e
-        nxt = e.read(lambda txn: s._meta(txn, uid))[0]
+        nxt = e.read(lambda txn: e.get_meta(txn, uid.encode()))[0]
         time.sleep(0.002)
         rec = seqrecord.encode(seqrecord.as_tokens(rollout(i)), 0, 1.0)
         e.write(lambda txn: (txn.put(_key(uid, nxt), rec, db=e.dbs["seqs"]),
-                             txn.put(uid.encode(), _META.pack(nxt + 1, 0, 0, 0.0, 0), db=e.dbs["meta"])))
+                             txn.put(uid.encode(), META.pack(nxt + 1, 0, 0, 0.0, 0), db=e.dbs["meta"])))
     else:
         s.append_many({u: [rollout(i)] for u in targets})
     print("done", i, flush=True)

@@ -270,7 +270,8 @@ def test_post_processed_logits_are_found_from_the_model():
 def test_tree_drafts_see_the_window_by_depth(name):
     """Tree nodes sit at the positions of their depths, not of their cache columns: a window of
     2 positions hides a node's grandparent and all but the last pending token."""
-    from srtcli.rollout.engine.engine import Engine, Sequence
+    from srtcli.rollout.engine.engine import Engine
+    from srtcli.rollout.engine.sequence import Sequence
     from srtcli.rollout.engine.sampling import SamplingParams
     from tests.srtcli.rollout.engine.test_engine import PROMPTS, drive
     from tests.srtcli.rollout.engine.support import arch_model, plain_greedy

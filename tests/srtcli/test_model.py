@@ -137,7 +137,7 @@ def test_sampling_at_t1_gives_mixed_rewards_and_multi_turn_tool_use(bundled):
 
 @pytest.mark.slow
 def test_srt_rollout_runs_on_the_bundled_model_with_no_model_flag(tmp_path):
-    """The issue's headline: right after install, `srt rollout --prompts <workload>` needs nothing else."""
+    """Right after install, `srt rollout --prompts <workload>` needs nothing else."""
     import subprocess
 
     prompts = tmp_path / "p.jsonl"

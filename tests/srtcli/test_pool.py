@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from srtcli.advantages import grpo_advantages
 from srtcli.errors import SrtError
-from srtcli.pool import PoolWriter, StepRecord, grpo_advantages, read_pool
+from srtcli.pool import PoolWriter, StepRecord, read_pool
 
 
 def step(uid="p", traj="t0", k=0, ids=(1, 2, 3), reward=1.0, **kw):

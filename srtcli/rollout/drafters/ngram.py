@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from srtcli.rollout.drafters import Drafter, Proposal
+from srtcli.rollout.drafters.base import Drafter, Proposal
 
 
 class NgramDrafter(Drafter):

@@ -1,6 +1,6 @@
 """The `none` drafter: no drafts, so the engine does plain batched sampling (the baseline)."""
 
-from srtcli.rollout.drafters import Drafter
+from srtcli.rollout.drafters.base import Drafter
 
 
 class NoDrafter(Drafter):

@@ -1,18 +1,12 @@
 """The `srt` drafter: one token tree per prompt, from the LMDB cache, fed on the fly.
 
-When the first sample of a prompt (group) takes a slot, the group's tree is loaded from the
-cache (`CacheStore.load(uid)`, already decayed) or started empty. Every token any sample of the
-group appends (generated or tool output) goes into that live tree at once, so later and
-concurrent samples of the same prompt draft from it, and into a separate *delta* tree holding
-only what this run added; when the group ends, the delta is merged into LMDB
-(`commit_many`, batched: every `commit_every` groups, at each rollout batch's end via `flush`,
-and on `close`), so concurrent writers add counts instead of overwriting each other.
+The prompt's tree is loaded from the cache when the first sample of its group takes a slot;
+every token any sample appends feeds it at once, and only what this run added is committed
+when the group ends (`group_trees.GroupTrees`, shared with the vLLM proposer). Run-ahead
+sequences are ordinary sequences of a future group: their tokens reach that group's trees and
+nothing else.
 
-Each sequence is streamed into the trees starting with the prompt's last token (an anchor), so
-a sample can be drafted from its very first token. Run-ahead sequences are ordinary sequences
-of a future group: their tokens reach that group's trees and nothing else.
-
-Three exact ways to draft (see srtcli/rollout/engine/verify.py, srtcli/rollout/engine/tree_verify.py):
+Three exact ways to draft (see `srtcli.rollout.engine.verify`, `srtcli.rollout.engine.tree_verify`):
 - `mode="greedy"`: follow the most frequent child (`TokenTree.draft`); a point mass.
 - `mode="sample"`: sample each child in proportion to its count among the children the tree
   lists (`TokenTree.draft_tree`), recording q; verified with the ratio rule.
@@ -25,32 +19,13 @@ tokens per forward on the bundled workload, so it is the default.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import Any
 
 from cache_store.trie import TokenTree
-from srtcli.rollout.drafters import Drafter, Proposal
+from srtcli.rollout.drafters.base import Drafter, Proposal
+from srtcli.rollout.drafters.group_trees import DEPTH, SHARED_DEPTH, GroupTrees
 
-DEPTH = 64
 MODES = ("greedy", "sample", "tree")
-SHARED_DEPTH = 24  # the run-wide tree: SuffixDecoding's global-tree depth
-SHARED_MAX_NODES = 1 << 21  # then the run-wide tree drops what was seen once (see `_bound`)
-
-
-def load_tree(store: Any, uid: str) -> tuple[TokenTree, bool]:
-    """The prompt's tree from the cache (decayed), or a new empty one; and whether the cache
-    held a non-empty tree for it (a hit)."""
-    tree = store.load(uid) if store is not None else None
-    hit = tree is not None and tree.mass > 0
-    return (tree or TokenTree(max_depth=DEPTH)), hit
-
-
-@dataclass
-class _Group:
-    tree: TokenTree
-    delta: TokenTree
-    hit: bool  # the cache held a tree for the prompt when it was first needed
-    counted: bool = False
 
 
 def expected_length(probs: list[float]) -> float:
@@ -76,14 +51,6 @@ def best_draft(tree: TokenTree, shared: TokenTree | None, ctx: list[int], budget
     return tree, best
 
 
-def bound_shared(shared: TokenTree | None) -> None:
-    """Keep the run-wide tree's memory bounded on long runs: past SHARED_MAX_NODES nodes,
-    halve its counts and drop what falls below 1 (substrings seen once), as the cache's
-    decay does."""
-    if shared is not None and shared.nodes > SHARED_MAX_NODES:
-        shared.scale(0.5, floor=1.0)
-
-
 class SrtDrafter(Drafter):
     name = "srt"
 
@@ -91,42 +58,23 @@ class SrtDrafter(Drafter):
                  commit_every: int = 8, shared: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
-        self.store, self.min_prob, self.mode = store, min_prob, mode
-        # every output of this run, all prompts mixed (not persisted): drafts where the prompt's
-        # own tree knows less (a cold prompt; text shared across prompts)
-        self.shared = TokenTree(max_depth=SHARED_DEPTH) if shared else None
-        self.groups: dict[str, _Group] = {}
-        self._pending: dict[str, TokenTree] = {}  # finished groups' deltas not yet committed
-        self.commit_every = commit_every
+        self.min_prob, self.mode = min_prob, mode
+        # the run-wide shared tree (every output of this run, all prompts mixed, not persisted)
+        # drafts where the prompt's own tree knows less: a cold prompt, text shared across prompts
+        self.trees = GroupTrees(store, shared, commit_every)
         self.rng = random.Random(seed)
-        self.loaded = self.hits = 0
-
-    def _group(self, uid: str) -> _Group:
-        g = self.groups.get(uid)
-        if g is None:
-            tree, hit = load_tree(self.store, uid)
-            g = self.groups[uid] = _Group(tree, TokenTree(max_depth=DEPTH), hit)
-        return g
 
     def begin(self, seq: Any) -> None:
-        g = self._group(seq.group)
-        if not seq.runahead and not g.counted:  # the hit rate is over real groups only
-            g.counted = True
-            self.loaded += 1
-            self.hits += g.hit
-        streams = (g.tree.stream(), g.delta.stream())
-        if self.shared is not None:
-            streams += (self.shared.stream(),)
-        anchor = [seq.prompt_ids[-1]]
-        for s in streams:
-            s.extend(anchor)
+        g = self.trees.group(seq.group)
+        if not seq.runahead:  # the hit rate is over real groups only
+            self.trees.count(g)
         # the sequence keeps its group's tree: a run-ahead sequence may outlive the group
-        seq.drafter_state = (g.tree, streams)
+        seq.drafter_state = (g.tree, self.trees.streams(g, seq.prompt_ids[-1]))
 
     def propose(self, seq: Any, budget: int) -> Proposal:
         tree = seq.drafter_state[0]
         ctx = ([seq.prompt_ids[-1]] + seq.output)[-DEPTH:]
-        tree, best = best_draft(tree, self.shared, ctx, budget, self.min_prob)
+        tree, best = best_draft(tree, self.trees.shared, ctx, budget, self.min_prob)
         if self.mode == "greedy":
             return Proposal(best.tokens)
         if self.mode == "tree":
@@ -158,25 +106,18 @@ class SrtDrafter(Drafter):
         seq.drafter_state = None
 
     def group_done(self, uid: str) -> None:
-        bound_shared(self.shared)
-        g = self.groups.pop(uid, None)
-        if g is not None and g.delta.mass > 0:
-            self._pending[uid] = g.delta
-            if len(self._pending) >= self.commit_every:
-                self.flush()
+        self.trees.retire(uid)
+        self.trees.flush_if_due()
 
     def flush(self) -> None:
         """Merge the deltas of finished groups into LMDB in one transaction."""
-        if self.store is not None and self._pending:
-            self.store.commit_many(self._pending)
-        self._pending = {}
+        self.trees.flush()
 
     def close(self) -> None:
         """Commit what is still held (e.g. run-ahead trees of prompts not reached)."""
-        self._pending.update({u: g.delta for u, g in self.groups.items() if g.delta.mass > 0})
-        self.flush()
-        self.groups.clear()
+        self.trees.close()
 
     def stats(self) -> dict[str, float]:
-        return {"cache_groups": self.loaded, "cache_hits": self.hits,
-                "cache_hit_rate": self.hits / self.loaded if self.loaded else 0.0}
+        t = self.trees
+        return {"cache_groups": t.loaded, "cache_hits": t.hits,
+                "cache_hit_rate": t.hits / t.loaded if t.loaded else 0.0}

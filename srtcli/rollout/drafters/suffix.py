@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from cache_store.trie import TokenTree
-from srtcli.rollout.drafters import Drafter, Proposal
+from srtcli.rollout.drafters.base import Drafter, Proposal
 
 
 class SuffixDrafter(Drafter):

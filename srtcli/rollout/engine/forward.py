@@ -1,24 +1,24 @@
-"""How one engine step's rows become one model forward (the `Forwards` mixin of
-`srtcli.rollout.engine.engine.Engine`): the packed and the padded layouts, the attention mask, and the call
-into the model with the engine's slot cache and attention.
+"""How one engine step's rows become one model forward (`ForwardPass`, held by the engine): the
+packed and the padded layouts, the attention mask, and the call into the model with the
+engine's slot cache and attention.
 
 Each row's input is its pending tokens followed by its draft; the result is the shaped target
 distribution p[r, k] after the pending tokens and k draft tokens, for every k verification
 needs. Which layout runs, and why:
 
-- Packed (`_forward`), when left-padding would add at least `PACK_MIN_PADDING` tokens, or when
-  a row carries a draft tree: the model runs on the real tokens of all rows concatenated
+- Packed (`ForwardPass.run`), when left-padding would add at least `PACK_MIN_PADDING` tokens,
+  or when a row carries a draft tree: the model runs on the real tokens of all rows concatenated
   ([1, T], per-token `position_ids`), so its linear layers and the LM head spend nothing on
-  padding; only attention (`srtcli.rollout.engine.slot_cache.slot_attention`) lays the queries out per row.
-  Tree rows get depth positions and ancestor-only masks (`srtcli.rollout.engine.tree_verify.mask_trees`).
+  padding; only attention (`srtcli.rollout.engine.slot_cache.slot_attention`) lays the queries
+  out per row. Tree rows get depth positions and ancestor-only masks
+  (`srtcli.rollout.engine.tree_verify.mask_trees`).
   Sliding-window layers narrow the mask by the positions of queries and keys
   (`packed_positions`: a tree node's is its depth, not its cache column).
 - Padded (`_forward_padded`): rows left-padded to one length, padding writing to the cache's
   trash column; plain decode steps (one token per row), and every forward of attention
   implementations we do not replace (e.g. flash).
 
-Both give bit-identical outputs (tests/srtcli/rollout/engine/test_engine.py). The mixin uses the engine's
-`model`, `params`, `cache`, `slots`, `device`, `dtype`, `max_len`, `stats` and `_attn`.
+Both give bit-identical outputs.
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from typing import Any
 
 import torch
 
-from srtcli.rollout.engine.sampling import shape_probs
-from srtcli.rollout.engine.slot_cache import Layout, Packed, Windows, layout, packed_attention
+from srtcli.rollout.engine.sampling import SamplingParams, shape_probs
+from srtcli.rollout.engine.sequence import EngineStats
+from srtcli.rollout.engine.slot_cache import Layout, Packed, SlotKVCache, Windows, layout, packed_attention
 from srtcli.rollout.engine.tree_verify import mask_trees
 
 # Pack a forward only when left-padding would add at least this many tokens: below it, the
@@ -38,10 +39,18 @@ from srtcli.rollout.engine.tree_verify import mask_trees
 PACK_MIN_PADDING = 16
 
 
-class Forwards:
-    """The engine's forward passes (mixed into `srtcli.rollout.engine.engine.Engine`)."""
+class ForwardPass:
+    """The engine's forward passes over its `slots`-slot cache, timed into `stats`. The model
+    runs with our `srt_slots` attention only if it was loaded with sdpa or eager (it is put
+    back after each forward); any other attention takes the padded path."""
 
-    def _forward(self, rows: list[Any], props: list[Any]) -> torch.Tensor:
+    def __init__(self, model: torch.nn.Module, params: SamplingParams, cache: SlotKVCache, slots: int,
+                 device: torch.device, dtype: torch.dtype, max_len: int, stats: EngineStats):
+        self.model, self.params, self.cache, self.slots = model, params, cache, slots
+        self.device, self.dtype, self.max_len, self.stats = device, dtype, max_len, stats
+        self.attn = "srt_slots" if model.config._attn_implementation in ("sdpa", "eager") else None
+
+    def run(self, rows: list[Any], props: list[Any]) -> torch.Tensor:
         """One forward of pending + draft tokens for `rows`; shaped p aligned so that
         p[r, k] is the distribution after the row's pending tokens and k draft tokens
         (k <= len(draft_r); later k repeat the last one)."""
@@ -50,15 +59,15 @@ class Forwards:
         dls = [len(pr.tokens) for pr in props]
         b, keep, dev = len(rows), max(dls) + 1, self.device
         trees = any(pr.parents is not None for pr in props)
-        if trees and self._attn is None:
+        if trees and self.attn is None:
             raise ValueError("tree drafts need the model's sdpa or eager attention (srt_slots replaces it)")
-        if self._attn is None or (not trees and b * max(lens) - sum(lens) < PACK_MIN_PADDING):
+        if self.attn is None or (not trees and b * max(lens) - sum(lens) < PACK_MIN_PADDING):
             return self._forward_padded(rows, inputs, dls)
         # Packed: the model runs on the T real tokens only ([1, T]); our attention function
         # lays the queries out per attention row. With at least half the slots live, the
         # attention rows are all slots (reads of the cache are views, not gathers; a slot not
         # in this forward is an all-padding row).
-        nslots = len(self.slots)
+        nslots = self.slots
         arow = [s.slot for s in rows] if 2 * b >= nslots else list(range(b))
         na = nslots if 2 * b >= nslots else b
         lay = layout(lens, [s.cache_len for s in rows], arow, na)
@@ -98,7 +107,7 @@ class Forwards:
         ids_t = torch.tensor([[0] * (q - n) + x for n, x in zip(lens, inputs)])
         widx = torch.where(torch.arange(q)[None, :] >= pad[:, None], pos_t, self.max_len)
         self.cache.prepare(slot_idx.to(dev), slot_idx[:, None].expand(b, q).to(dev), widx.to(dev), lcur,
-                           slots == list(range(len(self.slots))))
+                           slots == list(range(self.slots)))
         windows = Windows(lambda: (pos_t, torch.arange(lcur).expand(b, lcur)))
         out = self._model_forward(ids_t, pos_t, mask, keep, None, rows, windows)
         # row r's needed logits are the last len(draft_r) + 1 of the kept ones
@@ -121,8 +130,8 @@ class Forwards:
         gives sliding-window layers the positions their narrower masks derive from."""
         cfg = self.model.config
         saved = cfg._attn_implementation
-        if self._attn:
-            cfg._attn_implementation = self._attn
+        if self.attn:
+            cfg._attn_implementation = self.attn
         dev = self.device
         if packed is not None:
             packed = Packed(packed.gather.to(dev), packed.scatter.to(dev), packed.b, packed.q)

@@ -17,24 +17,26 @@ How the pieces fit (the engine, `srtcli.rollout.engine.engine.Engine`, drives th
   only path for attention implementations we do not replace (e.g. flash).
 - Packed forwards: the model runs on the real tokens of all rows concatenated ([1, T] input,
   per-token `position_ids`), so its linear layers and LM head spend nothing on padding. Only
-  attention needs the per-row [b, heads, q, dim] layout: `slot_attention` (registered as the
-  `srt_slots` attention implementation) gathers the queries into it with the `Packed` index
-  maps (built by `layout`), runs SDPA with the engine's explicit additive 4-D mask, and gathers
-  the outputs back to packed order. The engine sets the maps only for the duration of its own
-  forward (`packed_attention`). Why both: packing saves the padding's FLOPs on ragged batches
-  (a prompt next to decode rows, uneven drafts) but its bookkeeping costs more than it saves
-  when there is little padding. Both give bit-identical outputs.
+  attention needs the per-row [b, heads, q, dim] layout: `slot_attention` (the `srt_slots`
+  attention implementation, registered by `register_slot_attention`, which the engine calls)
+  gathers the queries into it with the `Packed` index maps (built by `layout`), runs SDPA with
+  the engine's explicit additive 4-D mask, and gathers the outputs back to packed order. The
+  engine sets the maps only for the duration of its own forward (`packed_attention`). Why
+  both: packing saves the padding's FLOPs on ragged batches (a prompt next to decode rows,
+  uneven drafts) but its bookkeeping costs more than it saves when there is little padding.
+  Both give bit-identical outputs.
 - Per layer, as transformers defines it: a layer's `sliding_window` narrows the mask to keys
   fewer than `window` positions behind the query (`Windows`, from the positions of the
   forward's queries and keys: a tree node's is its depth), and a layer's `softcap` (attention
   logit softcapping, which SDPA cannot do) runs the explicit eager computation instead of SDPA.
   Models whose attention carries anything else are refused when they load
-  (srtcli/attention_support.py).
+  (`srtcli.attention_support`).
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -80,20 +82,20 @@ class Windows:
 
 
 # Set by the engine only for the duration of its own forward (see `packed_attention`).
-_PACKED: Packed | None = None
-_WINDOWS: Windows | None = None
+_PACKED: ContextVar[Packed | None] = ContextVar("srt_slots_packed", default=None)
+_WINDOWS: ContextVar[Windows | None] = ContextVar("srt_slots_windows", default=None)
 
 
 @contextmanager
 def packed_attention(packed: Packed | None, windows: Windows | None = None) -> Iterator[None]:
     """Make `slot_attention` use `packed`'s index maps (None: a padded forward) and `windows`'
     positions for sliding-window layers until exit."""
-    global _PACKED, _WINDOWS
-    _PACKED, _WINDOWS = packed, windows
+    tokens = _PACKED.set(packed), _WINDOWS.set(windows)
     try:
         yield
     finally:
-        _PACKED = _WINDOWS = None
+        _PACKED.reset(tokens[0])
+        _WINDOWS.reset(tokens[1])
 
 
 def slot_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -105,16 +107,16 @@ def slot_attention(module, query, key, value, attention_mask, dropout=0.0, scali
     the outputs are gathered back to the packed order. A layer's `sliding_window` narrows the
     mask (`Windows`); a layer's `softcap` (logit softcapping, which SDPA cannot apply) takes
     the explicit path of transformers' eager attention. What else a layer may pass is refused
-    when the model is loaded (srtcli/attention_support.py), never silently dropped here."""
-    pk = _PACKED
+    when the model is loaded (`srtcli.attention_support`), never silently dropped here."""
+    pk, windows = _PACKED.get(), _WINDOWS.get()
     if pk is not None:
         heads, dim = query.shape[1], query.shape[3]
         # [T, heads, dim] is the projections' memory order: gathering along dim 0 is a row copy
         query = query[0].transpose(0, 1).index_select(0, pk.gather).view(pk.b, pk.q, heads, dim).transpose(1, 2)
     if sliding_window is not None:
-        if _WINDOWS is None:
+        if windows is None:
             raise RuntimeError("srt_slots: a sliding-window layer outside an engine forward")
-        attention_mask = _WINDOWS.mask(attention_mask, sliding_window)
+        attention_mask = windows.mask(attention_mask, sliding_window)
     if softcap is not None:
         out = explicit_attention(query, key, value, attention_mask, scaling, softcap)[0]
     else:
@@ -128,7 +130,11 @@ def slot_attention(module, query, key, value, attention_mask, dropout=0.0, scali
     return out.contiguous(), None
 
 
-AttentionInterface.register("srt_slots", slot_attention)
+def register_slot_attention() -> None:
+    """Make `srt_slots` a transformers attention implementation (`slot_attention`), once: a
+    later call keeps whatever is registered under the name."""
+    if "srt_slots" not in AttentionInterface():
+        AttentionInterface.register("srt_slots", slot_attention)
 
 
 class SlotKVCache(Cache):
@@ -189,7 +195,7 @@ class SlotKVCache(Cache):
 
 @dataclass
 class Layout:
-    """A packed forward's index maps (built by `layout`, used by Engine._forward): packed token t belongs to input row
+    """A packed forward's index maps (built by `layout`): packed token t belongs to input row
     tok_row[t] and sits at cache column flat[t]; attention row a is left-padded by pad[a]."""
 
     tok_row: torch.Tensor

@@ -10,7 +10,7 @@ Verification (`walk_tree`) is plain sampling walked down the tree: draw x from p
 x is one of the root's children, move to that child and draw again from p there; the first x
 that is no child is the final token. Every emitted token is a draw from p after exactly the
 tokens before it, so the output follows the policy's distribution whatever the tree holds (the
-chain rule of the point-mass scheme in srtcli/rollout/engine/verify.py is the one-child case: accept x with
+chain rule of the point-mass scheme in srtcli.rollout.engine.verify is the one-child case: accept x with
 probability p(x)). A node is accepted with probability sum of p over the drafted children, more
 than any single chain can get; the price is the extra positions in the forward. Greedy: x is
 the argmax, so the output is plain greedy decoding's.
@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from srtcli.rollout.engine.sampling import sample
 
 
 def depths(parents: list[int]) -> list[int]:
@@ -76,8 +78,8 @@ def accepted_moves(base: int, path: list[int]) -> list[tuple[int, int]]:
 
 def mask_trees(rows: list[tuple[int, int, list[int] | None]], lay: Any, arow: list[int],
                mask: torch.Tensor) -> torch.Tensor:
-    """For a packed forward (`srtcli.rollout.engine.slot_cache.layout` maps `lay`, input row r in attention
-    row arow[r]) whose rows are (pending tokens, cache length, tree parents or None): hide in
+    """For a packed forward (`srtcli.rollout.engine.slot_cache.layout` maps `lay`, input row r in
+    attention row arow[r]) whose rows are (pending tokens, cache length, tree parents or None): hide in
     the additive `mask` (in place) the earlier nodes that are not ancestors, and return the
     position ids of all tokens, each node at the position of its depth."""
     posids = lay.flat.clone()
@@ -93,3 +95,31 @@ def mask_trees(rows: list[tuple[int, int, list[int] | None]], lay: Any, arow: li
         block = torch.full((n, n), hidden, dtype=mask.dtype).masked_fill_(torch.from_numpy(sees), 0.0)
         mask[arow[r], 0, q0: q0 + n, c0: c0 + n] = block
     return posids
+
+
+def verify_trees(p: torch.Tensor, rows: list[Any], props: list[Any], generator: torch.Generator,
+                 cache: Any) -> list[tuple[int, list[int], list[float]]]:
+    """Walk every row's proposal (a chain is the one-child tree) with one draw per node, move
+    the accepted nodes' KV in `cache` to consecutive columns, and return per row the accepted
+    node count, the emitted tokens and their log-probs under p."""
+    x = sample(p, generator).tolist()
+    walks = [walk_tree(x[r], pr.tokens, pr.parents or list(range(-1, len(pr.tokens) - 1)))
+             for r, pr in enumerate(props)]
+    ri, ki, ti, moves = [], [], [], ([], [], [])
+    for r, (seq, pr, (path, final)) in enumerate(zip(rows, props, walks)):
+        at = [0] + [1 + n for n in path]
+        ri += [r] * len(at)
+        ki += at
+        ti += [pr.tokens[n] for n in path] + [final]
+        base = len(seq.tokens)  # column of the row's first draft node
+        for src, dst in accepted_moves(base, path):
+            moves[0].append(seq.slot), moves[1].append(src), moves[2].append(dst)
+    if moves[0]:
+        cache.move(*moves)
+    lps = p[ri, ki, ti].clamp_min(1e-38).log().tolist()
+    out, i = [], 0
+    for pr, (path, final) in zip(props, walks):
+        a = len(path)
+        out.append((a, [pr.tokens[n] for n in path] + [final], lps[i: i + a + 1]))
+        i += a + 1
+    return out

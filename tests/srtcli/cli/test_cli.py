@@ -287,7 +287,7 @@ def _open_files(fds: Path) -> list[str]:
 
 
 def test_an_interrupted_run_before_any_write_says_nothing_was_written(tmp_path):
-    from srtcli.rollout.driver import whole_groups
+    from srtcli.rollout.plan import whole_groups
 
     assert whole_groups(tmp_path / "missing.jsonl") is None
     (tmp_path / "empty.jsonl").write_text("")

@@ -15,8 +15,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from srtcli.advantages import grpo_advantages
 from srtcli.cli import cli
-from srtcli.pool import PoolWriter, StepRecord, grpo_advantages, read_pool
+from srtcli.pool import PoolWriter, StepRecord, read_pool
 from srtcli.shards import load_shards
 
 torch.set_num_threads(1)
@@ -260,3 +261,35 @@ def test_a_run_killed_mid_write_leaves_no_shard_set(tmp_path):
     assert leftovers(tmp_path, "shards") == []  # the next run removes the dead run's temporary set
     _, rows = load_shards(out)
     assert sum(len(sr.steps) for sr in rows) == 3200
+
+
+def test_shard_files_get_the_modes_the_umask_gives_when_the_set_is_written(tmp_path):
+    write_pool(tmp_path / "pool")
+    old = os.umask(0o027)  # set after srtcli.shards was imported: the write must see this one
+    try:
+        r = run(["--steps", tmp_path / "pool", "--out", tmp_path / "shards", "--rows-per-shard", 1, "--max-tokens", 40])
+    finally:
+        os.umask(old)
+    assert r.exit_code == 0, r.output
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "shards").iterdir()}
+    assert len(modes) > 2 and set(modes.values()) == {0o640}
+    assert (tmp_path / "shards").stat().st_mode & 0o777 == 0o750
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_directory_filled_while_packing_is_refused_and_kept(tmp_path, overwrite):
+    """`--out` is checked before the pool is read; a directory someone filled in the meantime
+    is still refused when the set is put in place (with --overwrite too: it is not a shard set)."""
+    from srtcli.errors import SrtError
+    from srtcli.pack import build_rows
+    from srtcli.shards import check_out, write_shards
+
+    out = tmp_path / "shards"
+    target = check_out(out, overwrite=overwrite)
+    rows, summary = build_rows(write_pool(tmp_path / "pool"), 64, 8)
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(SrtError, match="not a shard set" if overwrite else "already exists"):
+        write_shards(target, rows, summary)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    assert leftovers(tmp_path, "shards") == []

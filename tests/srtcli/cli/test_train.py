@@ -146,10 +146,28 @@ def test_bad_input_is_one_line(setup, tmp_path):
     _one_line_error(srt("train", "--steps", setup["pool"], "--model", tmp_path / "cfg", "--out", tmp_path / "o"),
                     "config.json")
     _one_line_error(srt("train", "--steps", setup["pool"], "--model", tmp_path / "nomodel", "--out", tmp_path / "o"),
-                    "no such model directory")
+                    "model directory not found")
+    adapter = tmp_path / "adapter"  # weights under a name transformers does not load: the rule rollout uses
+    adapter.mkdir()
+    (adapter / "config.json").write_text((setup["model"] / "config.json").read_text())
+    (adapter / "adapter_model.safetensors").write_bytes((setup["model"] / "model.safetensors").read_bytes())
+    _one_line_error(srt("train", "--steps", setup["pool"], "--model", adapter, "--out", tmp_path / "o"),
+                    f"{adapter}: not a model directory (no weights: expected model.safetensors)")
     if not torch.cuda.is_available():
         _one_line_error(srt("train", "--steps", setup["pool"], *m, "--attn", "flex"), "CUDA")
     assert not (tmp_path / "o").exists()  # nothing written on a failed start
+
+
+def test_nproc_checks_the_inputs_once_before_launching(setup, tmp_path):
+    """With --nproc the checks of a one-process run come first, in this process: one line, no
+    torchrun (whose ranks would each report it, with its failure report)."""
+    m = ["--steps", setup["pool"], "--model", setup["model"], "--nproc", "2"]
+    _one_line_error(srt("train", *m, "--out", tmp_path / "o", "--lr", "nan"), "--lr", "finite")
+    (tmp_path / "file").write_text("x")
+    _one_line_error(srt("train", *m, "--out", tmp_path / "file"), "--out must be a directory")
+    if not torch.cuda.is_available():
+        _one_line_error(srt("train", *m, "--out", tmp_path / "o", "--attn", "flex"), "CUDA")
+    assert not (tmp_path / "o").exists()
 
 
 def _small_model(path: Path, kind: str) -> Path:

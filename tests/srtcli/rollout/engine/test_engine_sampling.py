@@ -1,5 +1,5 @@
 """End-to-end sampling exactness on a tiny real model: the distribution of whole continuations
-generated with drafting equals the model's own (enumerated exactly), and the seed's biased rule
+generated with drafting equals the model's own (enumerated exactly), and the naive biased rule
 (greedy drafts verified with C as q) fails the same chi-square test."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ import itertools
 import pytest
 import torch
 
-from srtcli.rollout.drafters import Proposal, make_drafter
+from srtcli.rollout.drafters import make_drafter
+from srtcli.rollout.drafters.base import Proposal
 from srtcli.rollout.drafters.srt import SrtDrafter
-from srtcli.rollout.engine.engine import Engine, Sequence
+from srtcli.rollout.engine.engine import Engine
+from srtcli.rollout.engine.sequence import Sequence
 from srtcli.rollout.engine.sampling import SamplingParams
 from tests.srtcli.rollout.engine.support import tiny_model
 from tests.srtcli.rollout.engine.test_verify import p_value
@@ -66,7 +68,7 @@ def fit(counts: dict, probs: dict) -> float:
 
 
 class SeedDrafter(SrtDrafter):
-    """The design seed's rule: greedy most-frequent-child drafts, verified as if sampled from C."""
+    """The naive rule: greedy most-frequent-child drafts, verified as if sampled from C."""
 
     def propose(self, seq, budget):
         tree = seq.drafter_state[0]

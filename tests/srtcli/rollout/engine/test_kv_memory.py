@@ -11,10 +11,11 @@ from click.testing import CliRunner
 
 from srtcli.cli import cli
 from srtcli.rollout.drafters import make_drafter
-from srtcli.rollout.engine.engine import Engine, Sequence
+from srtcli.rollout.engine.engine import Engine
+from srtcli.rollout.engine.sequence import Sequence
 from srtcli.errors import SrtError
 from srtcli.rollout.engine.kv_memory import available_bytes, check_kv_fits, kv_cache_bytes
-from srtcli.rollout.driver import engine_slots
+from srtcli.rollout.embedded import engine_slots
 from srtcli.rollout.engine.sampling import SamplingParams
 from tests.srtcli.rollout.engine.support import arch_model
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-import srtcli.rollout.engine.engine as engine_mod
 import srtcli.rollout.engine.tree_verify as tree_mod
-from srtcli.rollout.drafters import Drafter, Proposal
+from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.srt import SrtDrafter
-from srtcli.rollout.engine.engine import Engine, Sequence
+from srtcli.rollout.engine.engine import Engine
+from srtcli.rollout.engine.sequence import Sequence
 from srtcli.rollout.engine.sampling import SamplingParams
 from srtcli.rollout.engine.tree_verify import accepted_moves, depths, tree_layout, walk_tree
 from tests.srtcli.rollout.engine import test_engine_sampling as ts
@@ -95,7 +95,7 @@ def test_each_broken_part_of_tree_verification_changes_the_output(break_it, monk
     elif break_it == "column positions":
         monkeypatch.setattr(tree_mod, "tree_layout", _column_positions)
     else:
-        monkeypatch.setattr(engine_mod, "accepted_moves", lambda base, path: [])
+        monkeypatch.setattr(tree_mod, "accepted_moves", lambda base, path: [])
     _, same = oracle_run("llama")
     assert not all(same)
 
@@ -115,7 +115,7 @@ def test_a_walk_that_falls_back_to_a_drafted_child_is_caught(monkeypatch):
         kids = [i for i, par in enumerate(parents) if par == node]
         return (path, tokens[kids[0]]) if kids else (path, final)  # a miss emits the first child
 
-    monkeypatch.setattr(engine_mod, "walk_tree", biased)
+    monkeypatch.setattr(tree_mod, "walk_tree", biased)
     model = ts.tiny_model("qwen2", vocab=ts.V, sharp=6.0, seed=3)
     params = SamplingParams(1.0)
     counts, _ = ts.sample(model, SrtDrafter(mode="tree", min_prob=0.0), params)

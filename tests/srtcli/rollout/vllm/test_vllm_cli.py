@@ -1,6 +1,6 @@
 """`srt rollout --engine vllm` as a user runs it: a subprocess, `--json` on the last stdout line,
 one-line errors with exit 1 and no traceback (skipped where vLLM is not installed, or before
-srtcli/rollout/driver.py has the `--engine` option)."""
+srtcli/cli/rollout.py has the `--engine` option)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (it needs its own venv; see docs/vllm.md)")
 pytestmark = pytest.mark.slow  # vLLM engines take 30-50 s each to start on CPU
 
-from srtcli.rollout.driver import rollout  # noqa: E402
+from srtcli.cli.rollout import rollout  # noqa: E402
 
 from tests.srtcli.rollout.vllm.test_vllm_engine import model_dir, prompts  # noqa: E402,F401  (module fixtures)
 

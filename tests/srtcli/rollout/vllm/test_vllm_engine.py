@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.slow  # vLLM engines take 30-50 s each to start on CPU
 
 from cache_store.store import CacheStore  # noqa: E402
 from srtcli.errors import SrtError  # noqa: E402
-from srtcli.rollout.vllm.engine import make_llm, run_vllm_rollout  # noqa: E402
+from srtcli.rollout.config import RolloutConfig  # noqa: E402
+from srtcli.rollout.driver import run_rollout  # noqa: E402
+from srtcli.rollout.vllm.engine import VllmBackend, make_llm  # noqa: E402
 from tests.srtcli.rollout.engine.support import make_head32_model_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -44,13 +47,18 @@ def prompts(tmp_path_factory) -> Path:
     return p
 
 
-def opts(model_dir: Path, prompts: Path, tmp: Path, **kw) -> dict:
+def opts(model_dir: Path, prompts: Path, tmp: Path, **kw) -> RolloutConfig:
     o = dict(prompts_path=str(prompts), model=str(model_dir), k=K, max_new_tokens=MAX_NEW, temperature=0.0,
              top_p=1.0, top_k=0, seed=0, draft="srt", budget=8, min_prob=0.1, draft_mode="greedy",
              cache_opt=str(tmp / "cache"), out=str(tmp / "pool.jsonl"), batch_size=32, rollout_batch=0,
-             tools=None, reward=None, resume=False, tensor_parallel_size=1)
+             tools=None, reward=None, resume=False, tensor_parallel_size=1, engine="vllm")
     o.update(kw)
-    return o
+    return RolloutConfig(**o)
+
+
+def run_vllm(llm, config: RolloutConfig) -> dict:
+    """One rollout through `llm` (an engine the module shares)."""
+    return run_rollout(config, VllmBackend(llm))
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +78,10 @@ def outputs(pool: str) -> dict:
 
 def test_greedy_srt_drafts_equal_plain_vllm_and_a_second_run_accepts_more(llms, model_dir, prompts, tmp_path):
     spec, plain = llms
-    base = run_vllm_rollout(llm=plain, **opts(model_dir, prompts, tmp_path, draft="none",
+    base = run_vllm(plain, opts(model_dir, prompts, tmp_path, draft="none",
                                               out=str(tmp_path / "p.jsonl")))
-    first = run_vllm_rollout(llm=spec, **opts(model_dir, prompts, tmp_path, out=str(tmp_path / "s1.jsonl")))
-    second = run_vllm_rollout(llm=spec, **opts(model_dir, prompts, tmp_path, out=str(tmp_path / "s2.jsonl")))
+    first = run_vllm(spec, opts(model_dir, prompts, tmp_path, out=str(tmp_path / "s1.jsonl")))
+    second = run_vllm(spec, opts(model_dir, prompts, tmp_path, out=str(tmp_path / "s2.jsonl")))
     want = outputs(base["pool"])
     assert len(want) == N_PROMPTS * K
     assert outputs(first["pool"]) == want
@@ -107,7 +115,7 @@ def _trees(cache: Path) -> dict:
 def test_the_cache_crosses_engines_both_ways(llms, model_dir, prompts, tmp_path):
     spec, _ = llms
     # vLLM writes, the embedded engine reads
-    v = run_vllm_rollout(llm=spec, **opts(model_dir, prompts, tmp_path, cache_opt=str(tmp_path / "cv"),
+    v = run_vllm(spec, opts(model_dir, prompts, tmp_path, cache_opt=str(tmp_path / "cv"),
                                           out=str(tmp_path / "v.jsonl")))
     written_by_vllm = _trees(tmp_path / "cv")
     e = _embedded(model_dir, prompts, tmp_path / "cv", tmp_path / "e.jsonl")
@@ -116,7 +124,7 @@ def test_the_cache_crosses_engines_both_ways(llms, model_dir, prompts, tmp_path)
     # the embedded engine writes, vLLM reads
     e0 = _embedded(model_dir, prompts, tmp_path / "ce", tmp_path / "e0.jsonl")
     written_by_embedded = _trees(tmp_path / "ce")
-    v2 = run_vllm_rollout(llm=spec, **opts(model_dir, prompts, tmp_path, cache_opt=str(tmp_path / "ce"),
+    v2 = run_vllm(spec, opts(model_dir, prompts, tmp_path, cache_opt=str(tmp_path / "ce"),
                                            out=str(tmp_path / "v2.jsonl")))
     assert v2["cache_hit_rate"] == 1.0 and v2["accepted_per_forward"] > 2.0
     assert e0["cache_hit_rate"] == 0.0
@@ -149,16 +157,16 @@ def _check_old_logprobs(model_dir: Path, steps: list, temperature: float) -> Non
 def test_sampling_with_speculation_on_cpu_is_refused_and_plain_sampling_works(llms, model_dir, prompts, tmp_path):
     spec, plain = llms
     with pytest.raises(SrtError) as e:
-        run_vllm_rollout(llm=spec, **opts(model_dir, prompts, tmp_path, temperature=1.0))
+        run_vllm(spec, opts(model_dir, prompts, tmp_path, temperature=1.0))
     assert "not exact" in e.value.message
     assert not (tmp_path / "pool.jsonl").exists()  # refused before anything was written
-    s = run_vllm_rollout(llm=plain, **opts(model_dir, prompts, tmp_path, draft="none", temperature=1.0))
+    s = run_vllm(plain, opts(model_dir, prompts, tmp_path, draft="none", temperature=1.0))
     steps = [json.loads(line) for line in open(s["pool"])]
     assert len(steps) == N_PROMPTS * K
     lps = [lp for st in steps for lp, m in zip(st["old_logprobs"], st["loss_mask"]) if m]
     assert all(lp <= 0.0 for lp in lps) and any(lp < 0.0 for lp in lps)
     _check_old_logprobs(model_dir, steps[:4], temperature=1.0)
-    greedy = run_vllm_rollout(llm=plain, **opts(model_dir, prompts, tmp_path, draft="none",
+    greedy = run_vllm(plain, opts(model_dir, prompts, tmp_path, draft="none",
                                                   out=str(tmp_path / "g.jsonl")))
     # sampled outputs differ from greedy ones: the token-for-token comparisons above can fail
     assert outputs(s["pool"]) != outputs(greedy["pool"])
@@ -167,13 +175,13 @@ def test_sampling_with_speculation_on_cpu_is_refused_and_plain_sampling_works(ll
 def test_resume_keeps_whole_groups_and_rolls_out_the_rest(llms, model_dir, prompts, tmp_path):
     spec, _ = llms
     o = opts(model_dir, prompts, tmp_path, out=str(tmp_path / "r.jsonl"))
-    full = run_vllm_rollout(llm=spec, **o)
+    full = run_vllm(spec, o)
     want = outputs(full["pool"])
     lines = open(full["pool"]).read().splitlines(keepends=True)
     with open(full["pool"], "w") as f:  # a killed run: the last group partly written, half a line
         f.writelines(lines[: -2])
         f.write(lines[-2][:10])
-    again = run_vllm_rollout(llm=spec, **{**o, "resume": True})
+    again = run_vllm(spec, replace(o, resume=True))
     assert again["groups_skipped"] == N_PROMPTS - 1
     assert outputs(again["pool"]) == want and len(open(again["pool"]).readlines()) == N_PROMPTS * K
 
@@ -183,18 +191,18 @@ def test_greedy_with_vllm_ngram_equals_plain_vllm(llms, model_dir, prompts, tmp_
     drafts accepted; sampling with it on CPU is refused like srt's. Last in the module: its
     engine, built last, takes over vLLM's process-wide metrics."""
     _, plain = llms
-    base = run_vllm_rollout(llm=plain, **opts(model_dir, prompts, tmp_path, draft="none",
+    base = run_vllm(plain, opts(model_dir, prompts, tmp_path, draft="none",
                                               out=str(tmp_path / "p.jsonl")))
     o = opts(model_dir, prompts, tmp_path, draft="ngram", out=str(tmp_path / "n.jsonl"))
     with pytest.raises(SrtError) as e:
-        run_vllm_rollout(llm=plain, **{**o, "temperature": 1.0})
+        run_vllm(plain, replace(o, temperature=1.0))
     assert "not exact" in e.value.message
     with pytest.raises(SrtError) as e:  # the embedded engine's suffix drafter has no vLLM counterpart
-        run_vllm_rollout(llm=plain, **{**o, "draft": "suffix"})
+        run_vllm(plain, replace(o, draft="suffix"))
     assert "not suffix" in e.value.message
     ngram = make_llm(o, model_dir, 256)
     try:
-        r = run_vllm_rollout(llm=ngram, **o)
+        r = run_vllm(ngram, o)
     finally:
         ngram.llm_engine.engine_core.shutdown()
     assert outputs(r["pool"]) == outputs(base["pool"])

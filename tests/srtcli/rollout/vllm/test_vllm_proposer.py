@@ -12,10 +12,13 @@ import pytest
 
 from cache_store.store import CacheStore
 from srtcli.rollout.drafters.srt import SrtDrafter
-from srtcli.rollout.engine.engine import Sequence
+from srtcli.rollout.engine.sequence import Sequence
 from srtcli.errors import SrtError
+from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.vllm.engine import check_model, refusal
-from srtcli.rollout.vllm.proposer import DEPTH, Table, TreeDrafts, read_table, write_table
+from srtcli.rollout.drafters.group_trees import DEPTH
+from srtcli.rollout.vllm.table import Table, read_table, write_table
+from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 
 EOS = 2
 MAX_NEW = 10
@@ -176,7 +179,7 @@ def test_table_round_trips(tmp_path):
 def _opts(**kw):
     o = {"tools": None, "draft": "srt", "budget": 8, "temperature": 0.0}
     o.update(kw)
-    return o
+    return RolloutConfig("prompts.jsonl", **o)
 
 
 def test_refuses_speculative_sampling_on_cpu_only():

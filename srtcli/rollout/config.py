@@ -1,0 +1,97 @@
+"""What one `srt rollout` run is asked to do: its options, typed, and the rules derived from them.
+
+Field names are the command's parameter names (`-n` is `k`, `--prompts` is `prompts_path`,
+`--cache` is `cache_opt`), and each default here is the command's default: the command line
+takes its defaults from this class, so a library caller and the command agree without repeating
+them. Rules that need more than one option, or the device, are methods (`tool`, `pool_file`,
+`adaptive`, `run_ahead_on`, `batch_prompts`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """The options of a rollout (see `srt rollout --help` for each)."""
+
+    prompts_path: str
+    model: str | None = None  # None: the bundled model
+    k: int = 8  # samples per prompt
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    draft: str = "srt"
+    budget: int = 8
+    min_prob: float = 0.1
+    draft_mode: str = "sample"
+    shared_tree: bool = True
+    adaptive_budget: bool | None = None  # None: by device (`adaptive`)
+    cache_opt: str | None = None  # None: $SRT_CACHE or ~/.cache/srt
+    out: str = "pool"
+    batch_size: int = 32
+    rollout_batch: int = 0  # 0: the whole file
+    run_ahead: bool | None = None  # None: by device (`run_ahead_on`)
+    run_ahead_tokens: int = 32
+    tools: str | None = None  # None: by model (`tool`)
+    reward: str | None = None
+    device: str = "auto"
+    threads: int = 1
+    resume: bool = False
+    engine: str = "embedded"
+    tensor_parallel_size: int = 1
+    gpu_memory_utilization: float | None = None  # None: by platform (the vLLM engine)
+
+    @property
+    def tool(self) -> str:
+        """--tools, resolved: the bundled model calls the calculator, other models nothing."""
+        return self.tools or ("none" if self.model else "calculator")
+
+    @property
+    def pool_file(self) -> Path:
+        """`--out` itself if it ends in .jsonl, else `<out>/rollout.jsonl`."""
+        return pool_file(self.out)
+
+    @property
+    def reward_spec(self) -> str | None:
+        """--reward, with an empty value meaning the default."""
+        return self.reward or None
+
+    @property
+    def uses_cache(self) -> bool:
+        """Whether the run drafts from (and writes to) the tree cache."""
+        return self.draft == "srt"
+
+    def adaptive(self, device_type: str) -> bool:
+        """--adaptive-budget unless set: on a CPU verified tokens cost FLOPs and adapting paid for
+        itself; with CUDA they are nearly free and a fixed budget takes fewer forwards
+        (docs/benchmarks.md, Rollout: 121 vs 147 forwards at epoch 3)."""
+        if self.adaptive_budget is not None:
+            return bool(self.adaptive_budget)
+        return device_type != "cuda"
+
+    def run_ahead_on(self, device_type: str) -> bool:
+        """--run-ahead unless set: on with CUDA; off on CPU, where its extra rows slow the real work."""
+        if self.run_ahead is not None:
+            return bool(self.run_ahead)
+        return device_type == "cuda"
+
+    def batch_prompts(self, todo: int) -> int:
+        """Prompts per rollout batch: --rollout-batch, 0 meaning every prompt still to do."""
+        return self.rollout_batch or max(1, todo)
+
+
+def pool_file(out: str | Path) -> Path:
+    """The pool file that `--out` names."""
+    p = Path(out)
+    return p if p.name.endswith(".jsonl") else p / "rollout.jsonl"
+
+
+def default(name: str) -> Any:
+    """The default of one option, for the command line."""
+    return next(f.default for f in fields(RolloutConfig) if f.name == name)

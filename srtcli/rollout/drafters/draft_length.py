@@ -1,0 +1,14 @@
+"""The adaptive draft length, one rule for the embedded engine and the vLLM proposer.
+
+After a draft is verified, the next one may be 2 tokens longer (up to the budget) if every
+drafted token was accepted, else as long as what was accepted plus one. It depends only on
+past outcomes, so verification stays exact; on a compute-bound device it stops paying for
+tokens that keep being rejected.
+"""
+
+from __future__ import annotations
+
+
+def next_draft_length(current: int, budget: int, drafted: int, accepted: int) -> int:
+    """The next draft length after `accepted` of `drafted` tokens were accepted (drafted > 0)."""
+    return min(budget, current + 2) if accepted == drafted else max(1, accepted + 1)

@@ -1,0 +1,171 @@
+"""srt's own engine as a rollout backend (`--engine embedded`, the default).
+
+The model runs in this process (srtcli.rollout.engine: KV cache, ragged acceptance, continuous
+batching) with a drafter from srtcli.rollout.drafters; srtcli.rollout.runahead schedules the
+rollout batches and the long-tail run-ahead; the calculator tool runs between a sample's turns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from srtcli.errors import SrtError
+from srtcli.rollout.config import RolloutConfig
+from srtcli.rollout.driver import Groups
+from srtcli.rollout.plan import Plan, check_prompts_early
+from srtcli.rollout.steps import Sample
+from srtcli.rollout.summary import Counts, Run, reward_mean
+
+
+def resolve_device(opt: str) -> str:
+    """--device auto|cpu|cuda -> the torch device type to run on."""
+    import torch
+
+    if opt == "cuda" and not torch.cuda.is_available():
+        built = "no CUDA device is visible" if torch.version.cuda else "this torch is built without CUDA"
+        raise SrtError(f"--device cuda: {built} (torch {torch.__version__}); use --device cpu or auto")
+    return "cuda" if opt == "cuda" or (opt == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def engine_slots(batch_size: int, per: int, todo: int, n_prompts: int, k: int, run_ahead: bool) -> int:
+    """Engine slots: --batch-size, capped at what a rollout batch can use at once: K samples of
+    each of its prompts, plus one run-ahead continuation per prompt run ahead for."""
+    work = min(per, todo) * k
+    ahead = min(per, n_prompts) if run_ahead else 0
+    return max(1, min(batch_size, work + ahead))
+
+
+def sample_of(seq: Any, tok: Any) -> Sample:
+    """A finished engine sequence as a sample (a turn the engine closed empty is no model turn)."""
+    return Sample(seq.meta["sample"], seq.tokens, seq.logprobs, [(s, e) for s, e in seq.turns if e > s],
+                  seq.finish_reason, tok.decode(seq.output, skip_special_tokens=False))
+
+
+def check_tree_attention(config: RolloutConfig, model: Any) -> None:
+    """--draft-mode tree verifies through the model's sdpa or eager attention only."""
+    attn = model.config._attn_implementation
+    if config.draft == "srt" and config.draft_mode == "tree" and attn not in ("sdpa", "eager"):
+        raise SrtError(f"--draft-mode tree needs the model's sdpa or eager attention, not {attn}")
+
+
+class EmbeddedBackend:
+    """The embedded engine behind the driver (srtcli.rollout.driver `Backend`)."""
+
+    def __init__(self, device: str = "auto"):
+        self.device = resolve_device(device)  # a missing GPU is one line before anything is written
+        self.drafter: Any = None
+        self.engine: Any = None
+
+    def load(self, config: RolloutConfig) -> tuple[Any, list]:
+        import torch
+        from transformers.utils import logging as hf_logging
+
+        from srtcli.models import default_model_dir, load_model_and_tokenizer
+        from srtcli.rollout.model_facts import context_length
+        from srtcli.rollout.prompts import read_prompts
+
+        hf_logging.disable_progress_bar()  # stdout/stderr carry our progress and summary only
+        check_prompts_early(config)
+        if config.threads:
+            # small models on a busy CPU: extra intra-op threads spin and cost 100x (measured)
+            torch.set_num_threads(config.threads)
+        model, tok = load_model_and_tokenizer(config.model or default_model_dir())
+        model.to(self.device)
+        self.ctx = context_length(getattr(model.config, "max_position_embeddings", None), tok)
+        prompts = read_prompts(config.prompts_path, tok, self.ctx - 1)
+        check_tree_attention(config, model)
+        self.config, self.model, self.tok = config, model, tok
+        self.device_type = next(model.parameters()).device.type
+        return tok, prompts
+
+    def check(self, pl: Plan) -> None:
+        from srtcli.rollout.engine.kv_memory import check_kv_fits
+
+        c = self.config
+        self.run_ahead = c.run_ahead_on(self.device_type)
+        self.slots = engine_slots(c.batch_size, pl.per, len(pl.todo), len(pl.prompts), c.k, self.run_ahead)
+        self.max_len = min(self.ctx, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + 64)
+        check_kv_fits(self.model, self.slots, self.max_len)  # before the cache dir is opened
+
+    def start(self, pl: Plan, store: Any) -> None:
+        from srtcli.rollout.engine.engine import Engine
+        from srtcli.rollout.engine.sampling import SamplingParams
+        from srtcli.rollout.model_facts import eos_ids
+        from srtcli.rollout.tools import tool_hooks
+
+        c, model = self.config, self.model
+        self.store = store
+        self.drafter = make_drafter_for(c, store)
+        stop_fn = turn_end = None
+        if c.tool != "none":
+            stop_fn, turn_end = tool_hooks(self.tok, c.tool)
+        eos = eos_ids(self.tok, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+        self.engine = Engine(model, SamplingParams(c.temperature, c.top_p, c.top_k), self.drafter,
+                             slots=self.slots, budget=c.budget if c.draft != "none" else 0, max_len=self.max_len,
+                             eos_ids=set(eos), seed=c.seed, stop_fn=stop_fn, turn_end=turn_end,
+                             adaptive=c.adaptive(self.device_type))
+
+    def generate(self, pl: Plan, groups: Groups) -> None:
+        from srtcli.rollout.runahead import RunAhead, run_batches
+
+        c = self.config
+        index = {pl.uids[i]: i for i in pl.todo}
+        finished: dict[str, list] = {}
+
+        def on_finished(seq: Any) -> None:
+            group = finished.setdefault(seq.group, [])
+            group.append(seq)
+            if len(group) < c.k:
+                return
+            in_order = sorted(group, key=lambda s: s.meta["sample"])
+            groups.group(index[seq.group], [sample_of(s, self.tok) for s in in_order])
+            self.drafter.group_done(seq.group)
+            del finished[seq.group]
+
+        def on_batch_end(b: int) -> None:
+            if self.store is not None:
+                self.drafter.flush()  # this batch's trees reach LMDB before the clock advances
+            groups.batch_done()
+
+        batches, upcoming = rollout_batches(c, pl)
+        run_batches(self.engine, batches, upcoming,
+                    RunAhead(self.run_ahead, window=max(pl.per, 1), tokens=c.run_ahead_tokens),
+                    on_finished, on_batch_end)
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+
+    def report(self, run: Run) -> tuple[Counts, dict, dict]:
+        st, ds = self.engine.stats, self.drafter.stats()
+        counts = Counts(st.emitted, st.forwards, st.row_forwards, st.drafted, st.accepted, st.runahead_tokens,
+                        ds["cache_hit_rate"] if "cache_hit_rate" in ds else None)
+        return counts, {"model_s": round(st.model_s, 3)}, {"cpu_s": round(run.cpu, 3),
+                                                          "reward_mean": reward_mean(run.rewards)}
+
+    def shutdown(self) -> None:
+        pass  # the model is an ordinary object of this process
+
+
+def rollout_batches(c: RolloutConfig, pl: Plan) -> tuple[list, list]:
+    """The engine's sequences of each rollout batch (K per prompt), and the prompts each batch
+    runs ahead for: the next batch's, or after the last batch the file's first (the next epoch's)."""
+    from srtcli.rollout.engine.sequence import Sequence
+    from srtcli.rollout.runahead import Upcoming
+
+    chunks, prompts, uids = pl.chunks, pl.prompts, pl.uids
+    batches = [[Sequence(prompts[i].ids, c.max_new_tokens, group=uids[i],
+                         meta={"prompt_id": prompts[i].id, "sample": s}) for i in chunk for s in range(c.k)]
+               for chunk in chunks]
+    nxt = [chunks[b + 1] if b + 1 < len(chunks) else list(range(len(prompts))) for b in range(len(chunks))]
+    return batches, [[Upcoming(uids[i], prompts[i].ids) for i in n] for n in nxt]
+
+
+def make_drafter_for(c: RolloutConfig, store: Any) -> Any:
+    """The drafter --draft names (srt: over the tree cache `store`)."""
+    from srtcli.rollout.drafters import make_drafter
+
+    if c.draft == "srt":
+        return make_drafter("srt", store=store, min_prob=c.min_prob, mode=c.draft_mode, seed=c.seed,
+                            shared=c.shared_tree)
+    return make_drafter(c.draft)

