@@ -1,7 +1,8 @@
 """The three trees `bench/cache_bench.py --scale` compares, behind one small interface.
 
-- `trie`: today's `TokenTree` persisted by `CacheStore` (a group keeps a delta tree beside
-  the loaded one, as the srt drafter does, and commits the delta);
+- `trie`: the `TokenTree` of earlier srt versions, in memory only. Its store (`CacheStore`,
+  one zstd trie record per prompt) has been removed: its load, commit and disk figures are the
+  recorded ones in docs/benchmarks.md, so the store rows and the replay show "-" for it;
 - `new`: the `SuffixTree` persisted by the sequence store (a commit appends the responses);
 - `arctic`: ArcticInference's suffix tree (`pip install '.[bench]'`), persisted the same way
   as `new` (it has no store of its own), drafting with `speculate(max_spec_tokens=16)`.
@@ -20,7 +21,7 @@ MIN_PROB = 0.1
 
 
 class Trie:
-    persists = True
+    persists = False  # no store any more: measured in memory only
 
     def __init__(self) -> None:
         from cache_store.trie import TokenTree
@@ -46,49 +47,10 @@ class Trie:
     def draft_tree(self, ctx: list[int]) -> Any:
         return self.tree.draft_tree(ctx, BUDGET, MIN_PROB)
 
-    def open_store(self, path: str) -> Any:
-        from cache_store.store import CacheStore
-
-        return CacheStore.open(path)
-
-    def commit_responses(self, store: Any, uid: str, responses: list[np.ndarray]) -> None:
-        delta = self.T(DEPTH)
-        for r in responses:
-            delta.insert(r.tolist())
-        store.commit(self._uid(uid), delta)
-
-    def load(self, store: Any, uid: str) -> None:
-        self.tree = store.load(self._uid(uid)) or self.T(DEPTH)
-
-    def disk_bytes(self, store: Any, uid: str) -> int:
-        return len(store.raw_record(self._uid(uid)))
-
-    def close_store(self, store: Any) -> None:
-        store.close()
-
-    @staticmethod
-    def _uid(uid: str) -> str:
-        return uid.encode().hex().ljust(32, "0")[:32]
-
-    # the replay: a group is (tree, delta), a sample streams into both
-    def begin_group(self, store: Any, uid: str) -> Any:
-        self.load(store, uid)
-        return (self.tree, self.T(DEPTH))
-
-    def open_sample(self, group: Any) -> Any:
-        return (group[0].stream(), group[1].stream())
-
-    def extend_sample(self, sample: Any, tokens: list[int]) -> None:
-        sample[0].extend(tokens), sample[1].extend(tokens)
-
-    def draft_in(self, group: Any, sample: Any, ctx: list[int]) -> list[int]:
-        return group[0].draft(ctx, BUDGET, MIN_PROB).tokens
-
-    def end_group(self, store: Any, uid: str, group: Any, samples: list, responses: list) -> None:
-        store.commit(self._uid(uid), group[1])
-
 
 class New(Trie):
+    persists = True
+
     def __init__(self) -> None:
         from cache_store.suffix_tree import SuffixTree
 
@@ -116,6 +78,13 @@ class New(Trie):
 
     def disk_bytes(self, store: Any, uid: str) -> int:
         return store.stats(verify=False).record_bytes
+
+    def close_store(self, store: Any) -> None:
+        store.close()
+
+    @staticmethod
+    def _uid(uid: str) -> str:
+        return uid.encode().hex().ljust(32, "0")[:32]
 
     def begin_group(self, store: Any, uid: str) -> Any:
         self.load(store, uid)

@@ -1,11 +1,11 @@
 """Time in a cache: the logical clock, recency decay, and durations.
 
 The logical clock is a tick counter in the cache's `info` sub-database; `srt rollout`
-advances it once per rollout batch (`CacheStore.tick`). Counts decay with age measured in
-ticks: a count stamped at tick `s` is worth `count * 0.5 ** ((now - s) / half_life)` at tick
-`now`. Decay is lazy: a record keeps the tick it was last normalised at, and is decayed
-only when it is loaded or merged, so trees nobody touches cost nothing. After decay, a node
-whose count falls below the floor is dropped.
+advances it once per rollout batch (`LmdbSequenceStore.tick`). Weights decay with age
+measured in ticks: a sequence written at tick `s` with weight `w` weighs
+`w * 0.5 ** ((now - s) / half_life)` at tick `now`. Decay is lazy: a record keeps the tick it
+was written at and is decayed only when it is read, so prompts nobody touches cost nothing.
+A sequence whose decayed weight falls below the floor is left out of loads and pruned.
 
 Defaults (settable when a cache is created; docs/cache.md explains the choice): a half-life
 of 100 ticks and a floor of 0.1, so a path seen once and never again disappears after

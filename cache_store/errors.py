@@ -15,6 +15,14 @@ class NotACacheError(CacheError):
     """The directory is missing, or holds something that is not an srt cache."""
 
 
+class OldFormatError(NotACacheError):
+    """The directory holds srt's earlier tree-format cache (one trie per prompt).
+
+    Its per-node counts cannot be turned back into the rollouts the sequence store keeps,
+    so it is refused, never converted: the message says how to rebuild it.
+    """
+
+
 class FormatVersionError(CacheError):
     """The cache was written by a newer srt (a format this code cannot read)."""
 

@@ -6,14 +6,19 @@ A sequence store is a directory holding one LMDB environment with three named su
     seqs   uid + u32 big-endian record number -> sequence record (cache_store.seqrecord)
     meta   uid -> next record number, sequences, tokens, last write time, record bytes (`META`)
 
-It follows the LMDB rules of the tree cache (cache_store.env, docs/cache.md): one
-environment per path per process (a registry keyed by real path and pid), a sparse 1 TiB map
-that a full write doubles, adoption of a map another process grew, `reader_check()` on open.
-It is a different format name, so neither store opens the other's directory.
+LMDB rules (docs/cache.md): one environment per path per process (a registry keyed by real
+path and pid), a sparse 1 TiB map that a full write doubles, adoption of a map another process
+grew, `reader_check()` on open. Every open holds a shared `flock` on `srt.lock`; compaction
+takes it exclusively (`exclusive`), so the data file is never swapped under a live user.
+
+An existing directory's header is read first without LMDB's locking and before `srt.lock` is
+created, so a refused directory (a foreign LMDB: NotACacheError; srt's earlier tree format,
+`srt-cache`: OldFormatError) is left byte for byte as it was.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import struct
 import time
@@ -23,9 +28,11 @@ from typing import Any, Callable, TypeVar
 
 import lmdb
 
-from cache_store.errors import CacheError, FormatVersionError, NotACacheError
+from cache_store.errors import CacheBusyError, CacheError, FormatVersionError, NotACacheError, OldFormatError
 
 FORMAT_NAME = b"srt-seqcache"
+OLD_FORMAT_NAME = b"srt-cache"  # the tree cache of earlier srt versions
+LOCK_NAME = "srt.lock"
 FORMAT_VERSION = 1
 MAP_SIZES = (1 << 40, 1 << 36, 1 << 32, 1 << 30)
 DB_NAMES = (b"info", b"seqs", b"meta")
@@ -42,6 +49,7 @@ class SeqEnv:
     env: lmdb.Environment
     dbs: dict[str, Any]
     readonly: bool
+    lock_fd: int | None = None
     pid: int = field(default_factory=os.getpid)
     users: int = 1
 
@@ -102,6 +110,7 @@ class SeqEnv:
             return
         if self.pid == os.getpid():
             self.env.close()
+            _close_lock(self.lock_fd)
         if _registry.get(os.path.realpath(self.path)) is self:
             del _registry[os.path.realpath(self.path)]
 
@@ -116,10 +125,10 @@ def _lmdb_open(path: Path, readonly: bool) -> lmdb.Environment:
             return lmdb.open(str(path), map_size=size, max_dbs=len(DB_NAMES) + 1, readonly=readonly,
                              create=False, subdir=True, max_readers=512, meminit=False)
         except lmdb.InvalidError as e:
-            raise NotACacheError(f"{path}: not a sequence store (data.mdb is not an LMDB file)") from e
+            raise NotACacheError(f"{path}: not an srt cache (data.mdb is not an LMDB file)") from e
         except (lmdb.MemoryError, OSError, lmdb.Error) as e:
             last = e
-    raise NotACacheError(f"{path}: cannot open the sequence store ({last})")
+    raise CacheError(f"{path}: cannot open the cache ({last})")
 
 
 def _init(env: lmdb.Environment, half_life: float, floor: float) -> None:
@@ -140,14 +149,23 @@ def _open_dbs(env: lmdb.Environment, path: Path) -> dict[str, Any]:
         info = env.open_db(b"info", create=False)
         with env.begin() as txn:
             fmt, ver = txn.get(b"format", db=info), txn.get(b"version", db=info)
+        if fmt == OLD_FORMAT_NAME:
+            raise OldFormatError(old_format_message(path))
         if fmt != FORMAT_NAME or ver is None:
-            raise NotACacheError(f"{path}: not a sequence store (format {fmt!r})")
+            raise NotACacheError(f"{path}: not an srt cache (format {fmt!r})")
         if int(ver) > FORMAT_VERSION:
             raise FormatVersionError(f"{path}: sequence store version {int(ver)} is newer than this srt "
                                      f"reads ({FORMAT_VERSION}); upgrade srt")
         return {"info": info, **{n.decode(): env.open_db(n, create=False) for n in DB_NAMES[1:]}}
     except (lmdb.NotFoundError, lmdb.IncompatibleError, ValueError):
-        raise NotACacheError(f"{path}: not a sequence store (foreign LMDB database)") from None
+        raise NotACacheError(f"{path}: not an srt cache (foreign LMDB database)") from None
+
+
+def old_format_message(path: Path) -> str:
+    """Why srt's earlier tree cache is refused, and the way on (one line)."""
+    return (f"{path}: a cache of srt's earlier tree format (one trie per prompt), which cannot be "
+            "converted exactly into the sequence store; move it aside and rebuild it from your steps "
+            f"pools with `srt cache add POOL --cache {path}`")
 
 
 def _probe(path: Path) -> None:
@@ -157,7 +175,7 @@ def _probe(path: Path) -> None:
         env = lmdb.open(str(path), readonly=True, lock=False, create=False, subdir=True,
                         max_dbs=len(DB_NAMES) + 1, map_size=MAP_SIZES[-1])
     except lmdb.InvalidError as e:
-        raise NotACacheError(f"{path}: not a sequence store (data.mdb is not an LMDB file)") from e
+        raise NotACacheError(f"{path}: not an srt cache (data.mdb is not an LMDB file)") from e
     except lmdb.Error:
         return  # e.g. a map the host refuses: the locked open below reports it
     try:
@@ -173,21 +191,30 @@ def open_seq_env(path: Path, create: bool, readonly: bool, half_life: float, flo
     if h is not None and h.pid == os.getpid():
         h.users += 1
         return h
-    if h is not None:  # inherited across fork: the child opens its own
+    if h is not None:  # inherited across fork: the child opens its own (the flock stays the parent's)
         _registry.pop(key)
         h.env.close()
+        _close_lock(h.lock_fd)
+    if path.exists() and not path.is_dir():
+        raise NotACacheError(f"{path}: not a directory (a cache is a directory)")
     fresh = not (path / "data.mdb").exists()
     if fresh and (readonly or not create):
-        raise NotACacheError(f"{path}: no sequence store here")
-    if fresh and path.exists() and any(path.iterdir()):
-        raise NotACacheError(f"{path}: not a sequence store (no data.mdb)")
+        raise NotACacheError(f"{path}: no srt cache here")
+    if fresh and path.exists() and any(p.name not in (LOCK_NAME, "lock.mdb") for p in path.iterdir()):
+        raise NotACacheError(f"{path}: not an srt cache (no data.mdb)")
     if not fresh:
         _probe(path)
+    lock_fd = None
     try:
         path.mkdir(parents=True, exist_ok=True)
+        lock_fd = _shared_lock(path, readonly)
         env = _lmdb_open(path, readonly and not fresh)
     except OSError as e:
-        raise CacheError(f"{path}: cannot open the sequence store: {e.strerror or e}") from None
+        _close_lock(lock_fd)
+        raise CacheError(f"{path}: cannot open the cache: {e.strerror or e}") from None
+    except BaseException:
+        _close_lock(lock_fd)
+        raise
     try:
         if fresh:
             _init(env, half_life, floor)
@@ -196,6 +223,47 @@ def open_seq_env(path: Path, create: bool, readonly: bool, half_life: float, flo
         dbs = _open_dbs(env, path)
     except BaseException:
         env.close()
+        _close_lock(lock_fd)
         raise
-    h = _registry[key] = SeqEnv(path=path, env=env, dbs=dbs, readonly=readonly)
+    h = _registry[key] = SeqEnv(path=path, env=env, dbs=dbs, readonly=readonly, lock_fd=lock_fd)
     return h
+
+
+def _shared_lock(path: Path, readonly: bool) -> int | None:
+    """A shared flock on `srt.lock` (waits while a compaction holds it exclusively). A
+    read-only open of a directory without one (an export) adds no file to it."""
+    lock = path / LOCK_NAME
+    if readonly and not lock.exists():
+        return None
+    fd = os.open(lock, os.O_RDONLY) if readonly else os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def _close_lock(fd: int | None) -> None:
+    if fd is not None:
+        os.close(fd)
+
+
+def exclusive(h: SeqEnv) -> None:
+    """Hold `srt.lock` alone (for compaction) until `share` is called; CacheBusyError if any
+    other store in this process or any other process has the directory open."""
+    if h.users != 1 or h.lock_fd is None or h.readonly:
+        raise CacheBusyError(f"{h.path}: the cache is in use elsewhere in this process")
+    try:
+        fcntl.flock(h.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        share(h)  # Linux drops the shared lock on a failed upgrade: take it back
+        raise CacheBusyError(f"{h.path}: the cache is in use by another process; retry when it is idle") from None
+
+
+def share(h: SeqEnv) -> None:
+    """Back to the shared lock every open holds."""
+    fcntl.flock(h.lock_fd, fcntl.LOCK_SH)
+
+
+def reopen(h: SeqEnv, map_size: int) -> None:
+    """Open the environment again in place (after compaction swapped its data file)."""
+    h.env = _lmdb_open(h.path, h.readonly)
+    h.env.set_mapsize(max(map_size, h.env.info()["map_size"]))
+    h.dbs = _open_dbs(h.env, h.path)

@@ -1,50 +1,175 @@
-"""Pruning a sequence store: drop the sequences whose decayed weight is below a floor (and,
-if asked, corrupt records), then rewrite the meta records of the prompts that changed.
+"""Pruning a sequence store: what `srt cache prune` removes, planned and applied in one go.
 
-Runs inside one write transaction (LMDB serialises it with appends, so a concurrent append
-is either seen whole or lands after). Only record headers are read: nothing is decompressed.
-A prompt left without sequences loses its meta record too. The data file does not shrink
-until it is compacted (LMDB reuses the freed pages for later appends).
+Criteria combine, applied in this order (each sees what the previous ones left):
+1. `drop_corrupt`: records that fail their checksum (otherwise they are kept and counted);
+2. `older_than`: whole prompts not written for that many seconds (wall clock, meta record);
+3. the weight threshold: every sequence whose decayed weight is below
+   max(the store's floor, `min_count`). Below the floor a sequence is never loaded, so every
+   prune removes those; `min_count` X raises the bar (it used to mean "nodes whose count is
+   below X"; a sequence store has no per-node counts, so it now means sequences);
+4. `max_prompts` / `max_bytes`: LRU over prompts by their last write time: whole prompts go,
+   least recently written first, until at most N prompts / N bytes of records remain.
+
+`plan` only reads (that is `--dry-run`); `apply` plans again inside the write transaction
+that deletes, so an append committed after a dry run is judged by the same rules, never lost
+half-way. Only record headers and checksums are read: nothing is decompressed. A prompt left
+without sequences loses its meta record. The data file does not shrink until compacted
+(LMDB reuses the freed pages for later appends).
 """
 
 from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import lmdb
 
 from cache_store import seqrecord
 from cache_store.clock import decay_factor
 from cache_store.errors import CorruptRecord
-from cache_store.seqenv import SeqEnv
+from cache_store.seqenv import META, SeqEnv
 
 
-def prune_records(env: SeqEnv, txn: lmdb.Transaction, floor: float | None, drop_corrupt: bool) -> int:
-    """Delete what falls below `floor` (None: the store's floor) or is corrupt (if asked)."""
+@dataclass
+class PruneCriteria:
+    """What to prune (None = criterion not used); the store's floor always applies."""
+
+    max_bytes: int | None = None
+    max_prompts: int | None = None
+    older_than: float | None = None  # seconds since the prompt's last write
+    min_count: float | None = None   # decayed weight below which a sequence goes
+    drop_corrupt: bool = False
+    floor: float | None = None       # None: the store's floor
+
+
+@dataclass
+class PrunePlan:
+    """What a prune removes (totals, and uids per reason) and what remains."""
+
+    prompts: int = 0            # prompts removed whole
+    sequences: int = 0          # records removed (whole prompts' included)
+    tokens: int = 0
+    bytes: int = 0              # record bytes removed
+    corrupt: int = 0            # corrupt records removed
+    light: int = 0              # sequences removed for their weight
+    old: list[str] = field(default_factory=list)   # prompts removed by `older_than`
+    lru: list[str] = field(default_factory=list)   # prompts evicted by the budgets
+    prompts_after: int = 0
+    sequences_after: int = 0
+    bytes_after: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Prompt:
+    """One prompt during planning: its last write and the records that stay so far."""
+
+    wall: float
+    keep: list[tuple[bytes, int, int]] = field(default_factory=list)  # key, tokens, bytes
+    had: int = 0
+
+
+def _scan(env: SeqEnv, txn: lmdb.Transaction, crit: PruneCriteria, plan: PrunePlan,
+          doomed: list[bytes]) -> dict[bytes, _Prompt]:
+    """Steps 1 and 3 per record; every prompt with what it keeps."""
     info = env.get_info(txn)
     now, hl = int(info["tick"]), info["half_life"]
-    floor = info["floor"] if floor is None else floor
-    doomed: list[bytes] = []
-    kept: dict[bytes, list[int]] = {}  # uid -> [sequences, tokens, bytes] that remain
+    bar = max(info["floor"] if crit.floor is None else crit.floor, crit.min_count or 0.0)
+    prompts: dict[bytes, _Prompt] = {}
     for key, value in txn.cursor(db=env.dbs["seqs"]):
         uid = bytes(key[:-4])
+        p = prompts.get(uid)
+        if p is None:
+            p = prompts[uid] = _Prompt(wall=_last_write(txn, env, uid))
+        p.had += 1
         try:
             head = seqrecord.check(value)
         except CorruptRecord:
-            if drop_corrupt:
-                doomed.append(bytes(key))
+            if crit.drop_corrupt:
+                _remove(plan, doomed, bytes(key), 0, len(value))
+                plan.corrupt += 1
+            else:
+                p.keep.append((bytes(key), 0, len(value)))
             continue
-        if head.weight * decay_factor(now, head.tick, hl) < floor:
-            doomed.append(bytes(key))
-            continue
-        k = kept.setdefault(uid, [0, 0, 0])
-        k[0], k[1], k[2] = k[0] + 1, k[1] + head.tokens, k[2] + head.disk_bytes
+        if head.weight * decay_factor(now, head.tick, hl) < bar:
+            _remove(plan, doomed, bytes(key), head.tokens, len(value))
+            plan.light += 1
+        else:
+            p.keep.append((bytes(key), head.tokens, len(value)))
+    return prompts
+
+
+def _last_write(txn: lmdb.Transaction, env: SeqEnv, uid: bytes) -> float:
+    raw = txn.get(uid, db=env.dbs["meta"])
+    return META.unpack(raw)[3] if raw is not None and len(raw) == META.size else 0.0
+
+
+def _remove(plan: PrunePlan, doomed: list[bytes], key: bytes, tokens: int, nbytes: int) -> None:
+    doomed.append(key)
+    plan.sequences, plan.tokens, plan.bytes = plan.sequences + 1, plan.tokens + tokens, plan.bytes + nbytes
+
+
+def _drop_prompt(plan: PrunePlan, doomed: list[bytes], p: _Prompt) -> None:
+    for key, tokens, nbytes in p.keep:
+        _remove(plan, doomed, key, tokens, nbytes)
+    p.keep = []
+
+
+def _select(prompts: dict[bytes, _Prompt], crit: PruneCriteria, plan: PrunePlan,
+            doomed: list[bytes], wall_now: float) -> None:
+    """Steps 2 and 4: whole prompts by age, then LRU to the budgets."""
+    live = []
+    for uid, p in prompts.items():
+        if crit.older_than is not None and p.keep and p.wall < wall_now - crit.older_than:
+            plan.old.append(uid.decode())
+            _drop_prompt(plan, doomed, p)
+        elif p.keep:
+            live.append((p.wall, uid, p))
+    live.sort()  # least recently written first
+    count, total = len(live), sum(b for *_, p in live for *_, b in p.keep)
+    for _wall, uid, p in live:
+        if not ((crit.max_prompts is not None and count > crit.max_prompts)
+                or (crit.max_bytes is not None and total > crit.max_bytes)):
+            break
+        total -= sum(b for *_, b in p.keep)
+        count -= 1
+        plan.lru.append(uid.decode())
+        _drop_prompt(plan, doomed, p)
+    plan.prompts = sum(1 for p in prompts.values() if p.had and not p.keep)
+    plan.prompts_after, plan.bytes_after = count, total
+    plan.sequences_after = sum(len(p.keep) for p in prompts.values())
+
+
+def plan(env: SeqEnv, txn: lmdb.Transaction, crit: PruneCriteria,
+         wall_now: float | None = None) -> tuple[PrunePlan, list[bytes], dict[bytes, _Prompt]]:
+    """(the plan, the record keys it deletes, every prompt with what stays); reads only."""
+    out, doomed = PrunePlan(), []
+    prompts = _scan(env, txn, crit, out, doomed)
+    _select(prompts, crit, out, doomed, time.time() if wall_now is None else wall_now)
+    return out, doomed, prompts
+
+
+def apply(env: SeqEnv, txn: lmdb.Transaction, crit: PruneCriteria,
+          wall_now: float | None = None) -> PrunePlan:
+    """Plan inside the write transaction `txn`, then delete and fix the meta records."""
+    out, doomed, prompts = plan(env, txn, crit, wall_now)
+    delete(env, txn, doomed, prompts)
+    return out
+
+
+def delete(env: SeqEnv, txn: lmdb.Transaction, doomed: list[bytes], prompts: dict[bytes, _Prompt]) -> None:
+    """Delete the planned records and rewrite (or delete) the meta records of their prompts;
+    only sound in the transaction that planned them (else appends since would be miscounted)."""
     for key in doomed:
         txn.delete(key, db=env.dbs["seqs"])
-    touched = {k[:-4] for k in doomed}
-    for uid in touched:
-        if uid not in kept:
+    for uid in {k[:-4] for k in doomed}:
+        p = prompts[uid]
+        if not p.keep:
             txn.delete(uid, db=env.dbs["meta"])
             continue
         nxt, _s, _t, wall, _b = env.get_meta(txn, uid)
-        seqs, toks, nbytes = kept[uid]
-        env.put_meta(txn, uid, (nxt, seqs, toks, wall, nbytes))
-    return len(doomed)
+        env.put_meta(txn, uid, (nxt, len(p.keep), sum(t for _, t, _ in p.keep), wall,
+                                sum(b for *_, b in p.keep)))

@@ -118,3 +118,14 @@ def decode(value: bytes | memoryview) -> tuple[SeqHeader, np.ndarray]:
     if tokens.size and int(tokens.min()) < 0:
         raise CorruptRecord("token id out of range")
     return head, tokens
+
+
+def restamp(value: bytes | memoryview, tick: int, weight: float) -> bytes:
+    """A valid record with a new tick and weight and the same payload (not decompressed);
+    raises CorruptRecord if `value` is not valid itself."""
+    if not (weight > 0) or weight == float("inf"):
+        raise ValueError(f"weight must be finite and > 0, got {weight}")
+    old = check(value)
+    payload = bytes(memoryview(value)[HEADER_BYTES:])
+    head = _HEAD.pack(MAGIC, RECORD_VERSION, CODEC_ZSTD_PLANES, 0, tick, weight, old.tokens)
+    return head + _CRC.pack(zlib.crc32(payload, zlib.crc32(head))) + payload

@@ -1,7 +1,6 @@
 """The sequence store: each prompt's rollouts as append-only records, the tree rebuilt on load.
 
-The next cache format (docs/cache.md, "The sequence store"), not yet used by `srt rollout`.
-Instead of one tree record per prompt that every commit decodes, merges and rewrites, it keeps
+srt's cache format (docs/cache.md, "The sequence store"). Instead of one tree record per prompt that every commit decodes, merges and rewrites, it keeps
 the rollouts themselves (token arrays with the tick they were written at and a weight):
 
     store = LmdbSequenceStore.open(path)        # creates the store if needed
@@ -15,13 +14,14 @@ merge: every append takes the next record numbers of its prompts inside its own 
 transaction (LMDB serialises writers), so concurrent writers lose nothing. Decay is per
 sequence: a record written at tick s with weight w weighs w * 0.5 ** ((now - s) / half_life)
 at tick now; a sequence whose weight is below the floor is left out of loads and removed by
-`prune`. `SequenceStore` is the narrow interface the tree and the drafters use, so a networked
+`prune`. The maintenance operations behind `srt cache` (prune with every criterion and a dry
+run, stats, compact, export, import) live in seqprune, seqstats and seqtransfer; this class is
+their one entry point. `SequenceStore` is the narrow interface the tree and the drafters use, so a networked
 store can stand in for LMDB later.
 """
 
 from __future__ import annotations
 
-import os
 import struct
 import time
 import warnings
@@ -33,10 +33,16 @@ import lmdb
 
 from cache_store import seqrecord
 from cache_store.clock import DEFAULT_FLOOR, DEFAULT_HALF_LIFE, check_settings, decay_factor
+from cache_store import seqprune, seqstats, seqtransfer
 from cache_store.errors import CacheError, CorruptRecord, CorruptTreeWarning
-from cache_store.seqenv import META, SeqEnv, open_seq_env
-from cache_store.seqprune import prune_records
+from cache_store.seqenv import SeqEnv, open_seq_env
+from cache_store.seqprune import PruneCriteria, PrunePlan
+from cache_store.seqstats import PromptSummary, SeqStoreStats
+from cache_store.seqtransfer import ImportReport
 from cache_store.suffix_tree import SuffixTree
+
+__all__ = ["ImportReport", "LmdbSequenceStore", "PromptSummary", "PruneCriteria", "PrunePlan",
+           "SeqStoreStats", "SequenceStore", "StoredSequence", "load_tree"]
 from cache_store.uid import is_uid
 
 @dataclass(frozen=True)
@@ -48,28 +54,14 @@ class StoredSequence:
     weight: float
 
 
-@dataclass
-class SeqStoreStats:
-    """What a store holds (the `srt cache stats` figures of this format)."""
-
-    path: str
-    prompts: int = 0
-    sequences: int = 0
-    tokens: int = 0
-    record_bytes: int = 0
-    disk_bytes: int = 0
-    corrupt: int = 0
-    tick: int = 0
-
-
 class SequenceStore(Protocol):
     """What the tree and the drafters need of persistence."""
 
     def append(self, uid: str, sequences: Iterable[Sequence[int]]) -> None: ...
     def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]]) -> None: ...
     def read(self, uid: str) -> list[StoredSequence]: ...
-    def prune(self, floor: float | None = None) -> int: ...
-    def stats(self, verify: bool = True) -> SeqStoreStats: ...
+    def prune(self, criteria: PruneCriteria | None = None, dry_run: bool = False) -> PrunePlan: ...
+    def stats(self, verify: bool = True, top: int = 5) -> SeqStoreStats: ...
     def now(self) -> int: ...
     def tick(self, n: int = 1) -> int: ...
 
@@ -95,7 +87,11 @@ class LmdbSequenceStore:
     @classmethod
     def open(cls, path: str | Path, create: bool = True, readonly: bool = False,
              half_life: float = DEFAULT_HALF_LIFE, floor: float = DEFAULT_FLOOR) -> "LmdbSequenceStore":
-        """Open (or create) the store at `path`; half_life/floor apply only when creating it."""
+        """Open (or create) the store at `path`; half_life/floor apply only when creating it.
+
+        Raises NotACacheError for anything that is not an srt cache (left untouched),
+        OldFormatError for srt's earlier tree-format cache, FormatVersionError for a newer one.
+        """
         check_settings(half_life, floor)
         return cls(open_seq_env(Path(path), create, readonly, half_life, floor))
 
@@ -134,8 +130,7 @@ class LmdbSequenceStore:
         each prompt's next record numbers are read and its meta record updated. Empty
         sequences are skipped. ValueError (nothing written) for a token id out of range.
         """
-        if self._e.readonly:
-            raise CacheError(f"{self.path}: opened read-only")
+        self._writable()
         arrays = {_check_uid(uid): [a for a in map(seqrecord.as_tokens, seqs) if a.size] for uid, seqs in batch.items()}
         now = self.now()
         encoded = {uid: [seqrecord.encode(a, now, 1.0) for a in arr] for uid, arr in arrays.items()}
@@ -197,7 +192,7 @@ class LmdbSequenceStore:
             self._warned.add(key)
             uid, n = key[:-4].decode(errors="replace"), struct.unpack(">I", key[-4:])[0]
             warnings.warn(f"{self.path}: sequence {n} of {uid} is corrupt ({e}); skipped "
-                          "(prune(drop_corrupt=True) removes it)", CorruptTreeWarning, stacklevel=4)
+                          "(`srt cache prune --drop-corrupt` removes it)", CorruptTreeWarning, stacklevel=4)
 
     def uids(self) -> list[str]:
         return self._e.read(lambda txn: [bytes(k).decode() for k in txn.cursor(db=self._e.dbs["meta"]).iternext(values=False)])
@@ -210,33 +205,61 @@ class LmdbSequenceStore:
         """Overwrite one record's bytes as they are (for tests of corruption handling)."""
         self._e.write(lambda txn: txn.put(key, value, db=self._e.dbs["seqs"]))
 
-    # -- pruning and stats ---------------------------------------------------------------
+    # -- maintenance (`srt cache`) --------------------------------------------------------
 
-    def prune(self, floor: float | None = None, drop_corrupt: bool = False) -> int:
-        """Delete the sequences whose decayed weight is below `floor` (default: the store's)
-        and, if asked, corrupt records; in one write transaction. Returns how many went."""
-        return self._e.write(lambda txn: prune_records(self._e, txn, floor, drop_corrupt))
+    def prune(self, criteria: PruneCriteria | None = None, dry_run: bool = False) -> PrunePlan:
+        """Remove what `criteria` selects (seqprune; default: only the sequences below the
+        floor) in one write transaction, or with `dry_run` report it and change nothing."""
+        crit = criteria or PruneCriteria()
+        if dry_run:
+            return self._e.read(lambda txn: seqprune.plan(self._e, txn, crit)[0])
+        self._writable()
+        return self._e.write(lambda txn: seqprune.apply(self._e, txn, crit))
 
-    def stats(self, verify: bool = True) -> SeqStoreStats:
-        """Counts from the meta records; `verify` also checks every record's CRC."""
-        st = SeqStoreStats(path=str(self.path))
-
-        def fn(txn: lmdb.Transaction) -> None:
-            st.tick = int(self._e.get_info(txn)["tick"])
-            for _k, raw in txn.cursor(db=self._e.dbs["meta"]):
-                _n, seqs, toks, _w, nbytes = META.unpack(raw)
-                st.prompts += 1
-                st.sequences, st.tokens, st.record_bytes = st.sequences + seqs, st.tokens + toks, st.record_bytes + nbytes
-            if verify:
-                for _k, v in txn.cursor(db=self._e.dbs["seqs"]):
-                    try:
-                        seqrecord.check(v)
-                    except CorruptRecord:
-                        st.corrupt += 1
-
-        self._e.read(fn, buffers=True)
-        st.disk_bytes = os.path.getsize(self.path / "data.mdb")
+    def stats(self, verify: bool = True, top: int = 5) -> SeqStoreStats:
+        """What `srt cache stats` reports (seqstats): counts from the meta records, with
+        `verify` every record's CRC (corrupt None without), the `top` largest prompts, and
+        the loaded-memory estimate from loading the largest prompt."""
+        st = seqstats.collect(self._e, verify, max(top, 1))
+        seqstats.estimate_memory(st, self._loaded_bytes)
+        st.largest = st.largest[:top]
         return st
+
+    def _loaded_bytes(self, uid: str) -> tuple[int, int]:
+        """(memory, tokens) of one loaded tree; silent, so a later read still warns of a
+        corrupt record it skips (stats counts those anyway)."""
+        warned = set(self._warned)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CorruptTreeWarning)
+            tree = load_tree(self, uid)
+        self._warned = warned
+        return tree.memory_bytes(), tree.stats().tokens
+
+    def compact(self) -> tuple[int, int]:
+        """Shrink the data file (seqtransfer.compact): (bytes before, after); CacheBusyError
+        unless this is the directory's only open."""
+        self._writable()
+        return seqtransfer.compact(self._e)
+
+    def check_compactable(self) -> None:
+        """CacheBusyError now if `compact` would be refused (checked before a prune deletes)."""
+        self._writable()
+        seqtransfer.check_compactable(self._e)
+
+    def export(self, dst: str | Path) -> int:
+        """A compacted, portable copy in the new or empty directory `dst`; its data file's
+        size. CacheError (nothing written) if `dst` exists and is not an empty directory."""
+        return seqtransfer.export(self._e, dst)
+
+    def import_from(self, src_path: str | Path) -> ImportReport:
+        """Append every sequence of the store at `src_path` (keeping each one's age and weight,
+        seqtransfer) in one write transaction; OldFormatError for an old tree-format cache."""
+        self._writable()
+        return seqtransfer.import_from(self._e, self._put, src_path)
+
+    def _writable(self) -> None:
+        if self._e.readonly:
+            raise CacheError(f"{self.path}: opened read-only")
 
     def close(self) -> None:
         self._e.release()

@@ -8,9 +8,10 @@ C(v) = count(v) / (sum of the counts of v and its siblings); see docs/cache.md, 
 the exact rules (match cap, ties, threshold, draft tree order, decay, bytes format).
 
 The work happens in the compiled core `cache_store._trie` (C sources in cache_store/csrc/,
-built by `pip install -e .` through setup.py); this module is the typed face of it. The LMDB
-layer (cache_store.store) persists trees with `to_bytes`/`from_bytes`, decays them with `scale` and folds a process's
-added counts in with `merge`; the rollout drafter calls `stream().extend`, `draft`, `draft_tree`.
+built by `pip install -e .` through setup.py); this module is the typed face of it. It is the
+run-wide shared tree and the suffix drafter's tree (`stream().extend`, `draft`, `draft_tree`),
+and the reference the suffix tree (cache_store.suffix_tree) is tested against; it is not
+persisted any more (the cache stores rollouts: cache_store.seqstore).
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ Two sources, both reduced to (prompt ids, response ids) pairs:
 - steps-pool trajectories (`pool_rollouts`): the prompt is the first step's tokens before
   its first trained token, the response everything after the prompt in the last step.
 
-`Warmer` inserts each response into the delta tree of its prompt's uid (the tree stores
-responses: the drafting context is the response so far) and commits the deltas in batches
-of about `batch_tokens` tokens, so memory stays bounded on large inputs. It never advances
-the logical clock. Like the rollout drafter (srtcli.rollout.drafters.srt), it streams each
-response preceded by the prompt's last token (the anchor), so warmed trees have exactly the
-shape rollouts build and a sample can be drafted from its first token.
+`Warmer` appends each rollout to the sequence store under its prompt's uid, as the sequence
+the rollout drafter (srtcli.rollout.drafters.srt) stores: the prompt's last token (the
+anchor), then the response, so a loaded tree has exactly the shape rollouts build and a
+sample can be drafted from its first token. It gathers sequences and writes them with
+`append_many` in batches of about `batch_tokens` stored tokens, so memory stays bounded on
+large inputs, and never advances the logical clock (warmed rollouts weigh 1 at the current
+tick, as if a rollout had just written them).
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Protocol
 
-from cache_store.store import CacheStore
-from cache_store.trie import TokenTree
+from cache_store.seqstore import SequenceStore
 from cache_store.uid import prompt_uid
 
 MAX_TOKEN_ID = 2**31 - 1  # the tree's limit
@@ -109,39 +109,43 @@ def pool_rollouts(steps: Iterable[StepLike]) -> Iterator[tuple[list[int], list[i
 
 
 class Warmer:
-    """Insert rollouts into per-prompt delta trees and commit them in bounded batches."""
+    """Append rollouts (anchor + response) to a sequence store in token-bounded batches."""
 
-    def __init__(self, store: CacheStore, tokenizer_fingerprint: str, max_depth: int = 64,
-                 batch_tokens: int = 2_000_000):
+    def __init__(self, store: SequenceStore, tokenizer_fingerprint: str, batch_tokens: int = 2_000_000):
         self.store = store
         self.fingerprint = tokenizer_fingerprint
-        self.max_depth = max_depth
         self.batch_tokens = batch_tokens
-        self._deltas: dict[str, TokenTree] = {}
+        self._batch: dict[str, list[list[int]]] = {}
         self._pending = 0
         self.rollouts = 0
+        self.sequences = 0
         self.tokens = 0
+        self.batches = 0
         self.uids: set[str] = set()
 
     def add(self, prompt_ids: list[int], response_ids: list[int]) -> str:
-        """Count one rollout; returns its prompt uid. Commits when the batch is full."""
+        """Count one rollout; returns its prompt uid. Writes when the batch is full.
+
+        An empty response is counted (its prompt is one of the prompts seen) but stores
+        nothing: a rollout that generated nothing has nothing to draft from.
+        """
         uid = prompt_uid(prompt_ids, self.fingerprint)
         self.rollouts += 1
         self.uids.add(uid)
         if response_ids:
-            tree = self._deltas.get(uid)
-            if tree is None:
-                tree = self._deltas[uid] = TokenTree(max_depth=self.max_depth)
-            tree.insert(prompt_ids[-1:] + list(response_ids))  # the anchor, then the response
+            seq = prompt_ids[-1:] + list(response_ids)  # the anchor, then the response
+            self._batch.setdefault(uid, []).append(seq)
+            self.sequences += 1
             self.tokens += len(response_ids)
-            self._pending += len(response_ids)
+            self._pending += len(seq)
             if self._pending >= self.batch_tokens:
                 self.flush()
         return uid
 
     def flush(self) -> None:
-        """Commit the deltas gathered so far (one write transaction)."""
-        if self._deltas:
-            self.store.commit_many(self._deltas)
-        self._deltas = {}
+        """Append the sequences gathered so far (one write transaction)."""
+        if self._batch:
+            self.store.append_many(self._batch)
+            self.batches += 1
+        self._batch = {}
         self._pending = 0

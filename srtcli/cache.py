@@ -2,8 +2,9 @@
 
 The cache is `--cache DIR`, else `$SRT_CACHE`, else `~/.cache/srt`, for every command that
 drafts from it or manages it. Opening it turns every cache failure (a foreign directory, a newer
-format, a busy or corrupt LMDB) into one `SrtError` line naming the directory; the store itself
-is `cache_store.store.CacheStore`.
+format, a cache of the earlier tree format, a busy or corrupt LMDB) into one `SrtError` line
+naming the directory; the store itself is `cache_store.seqstore.LmdbSequenceStore` (each
+prompt's rollouts as append-only sequence records, docs/cache.md).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ def open_cache(path: str | Path | None, create: bool = True, readonly: bool = Fa
     import lmdb
 
     from cache_store.errors import CacheError
-    from cache_store.store import CacheStore
+    from cache_store.seqstore import LmdbSequenceStore
 
     path = cache_dir(path)
     try:
-        return CacheStore.open(path, create=create, readonly=readonly, **settings)
+        return LmdbSequenceStore.open(path, create=create, readonly=readonly, **settings)
     except (CacheError, ValueError) as e:
         raise SrtError(str(e)) from None
     except lmdb.Error as e:

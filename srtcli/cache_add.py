@@ -1,10 +1,11 @@
-"""Warming the tree cache from rollouts that already exist (what `srt cache add` does).
+"""Warming the cache from rollouts that already exist (what `srt cache add` does).
 
 SOURCE is a steps pool (a directory, a `.zst` file, or a file whose first line is a step) or a
 rollout JSONL file of token ids or of text (cache_store.warm reads both). Two passes, so bad
 input is found before the cache is touched: the first validates every line (and every token id
 against the tokenizer's vocabulary) and settles which tokenizer fingerprint the trees belong
-under; only then is the cache opened and the second pass inserts and commits. Every error is an
+under; only then is the cache opened and the second pass appends each rollout (the prompt's last
+token, then the response) in batches bounded by tokens. Every error is an
 `SrtError` naming the file (and line). Nothing heavy is imported unless `--model` loads a
 tokenizer.
 """
@@ -142,8 +143,9 @@ def _validated(source: Path, pool: bool, tok: Any, fp: str | None, skip_bad: boo
 def add_rollouts(source: Path, model: str | None = None, fingerprint: str | None = None, skip_bad: bool = False,
                  cache_dir: str | None = None, half_life: float | None = None, floor: float | None = None,
                  as_json: bool = False) -> dict[str, Any]:
-    """Validate SOURCE fully (pass 1), then insert and commit (pass 2); returns the figures
-    `srt cache add` prints: cache, rollouts, tokens, trees, skipped, tokenizer_fingerprint."""
+    """Validate SOURCE fully (pass 1), then append in batches (pass 2); returns the figures
+    `srt cache add` prints: cache, rollouts, sequences (those with a response), tokens (of the
+    responses), trees (= prompts), skipped, tokenizer_fingerprint."""
     if not source.exists():
         raise SrtError(f"{source}: no such file or directory")
     stats = {"skipped": 0}
@@ -159,5 +161,6 @@ def add_rollouts(source: Path, model: str | None = None, fingerprint: str | None
                 bar.advance()
         warmer.flush()
         where = str(store.path)
-    return {"cache": where, "rollouts": warmer.rollouts, "tokens": warmer.tokens, "trees": len(warmer.uids),
+    return {"cache": where, "rollouts": warmer.rollouts, "sequences": warmer.sequences, "tokens": warmer.tokens,
+            "trees": len(warmer.uids), "prompts": len(warmer.uids),
             "skipped": stats["skipped"], "tokenizer_fingerprint": fp}

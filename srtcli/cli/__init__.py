@@ -36,7 +36,8 @@ COMMANDS = {
     "pack": ("srtcli.cli.pack:pack", "Pack a steps pool into prefix-tree rows and write shards."),
     "train": ("srtcli.cli.train:train",
               "Policy-gradient (PPO-clip) training over packed shards or a raw steps pool."),
-    "cache": ("srtcli.cli.cache:cache", "The persistent per-prompt tree cache (LMDB)."),
+    "cache": ("srtcli.cli.cache:cache",
+              "The persistent cache of rollouts per prompt (LMDB), from which drafting trees are built."),
 }
 
 

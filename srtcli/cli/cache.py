@@ -1,17 +1,19 @@
-"""`srt cache`: inspect, prune, export, import and warm the persistent tree cache.
+"""`srt cache`: inspect, prune, export, import and warm the persistent cache (the sequence store).
 
     srt cache stats  [--cache DIR] [--json]
     srt cache prune  --max-bytes N | --max-trees N | --older-than 7d | --min-count X | --drop-corrupt
                      [--compact] [--dry-run] [--yes]
     srt cache export OUT        a compacted, portable copy
-    srt cache import IN         add another cache's counts to this one
+    srt cache import IN         append another cache's sequences to this one
     srt cache add SOURCE        warm the cache from rollout JSONL or a steps pool
 
-The cache is `--cache DIR`, else `$SRT_CACHE`, else `~/.cache/srt`. stats/prune/export/import
-never import torch (only `add` may, to load a tokenizer). The store itself is in
-cache_store/ and `add`'s two-pass pipeline in srtcli.cache_add; this module parses flags and
-prints (`--json`: one JSON object, the last line of stdout, whose `cache` is the cache
-directory and `out` what the command wrote, as in every srt command).
+The cache is `--cache DIR`, else `$SRT_CACHE`, else `~/.cache/srt`; a cache of srt's earlier
+tree format is refused by every command (rebuild it with `srt cache add`). stats/prune/export/
+import never import torch (only `add` may, to load a tokenizer). The store is
+cache_store.seqstore, the printed figures cache_store.report and `add`'s two-pass pipeline
+srtcli.cache_add; this module parses flags and prints (`--json`: one JSON object, the last line
+of stdout, whose `cache` is the cache directory and `out` what the command wrote, as in every
+srt command).
 """
 
 from __future__ import annotations
@@ -44,34 +46,34 @@ json_opt = click.option("--json", is_flag=True, help="Print one JSON object.")
 
 @click.group()
 def cache() -> None:
-    """The persistent per-prompt tree cache (LMDB)."""
+    """The persistent cache of rollouts per prompt (LMDB), from which drafting trees are built."""
 
 
 @cache.command()
 @config_option
 @cache_opt
-@click.option("--top", type=click.IntRange(0, 1000), default=5, show_default=True, help="Largest trees to list.")
+@click.option("--top", type=click.IntRange(0, 1000), default=5, show_default=True,
+              help="Largest prompts to list (by record bytes).")
 @click.option("--verify/--no-verify", default=True, show_default=True,
               help="Check every record's checksum (reads all records); --no-verify reads only metadata.")
 @json_opt
 def stats(cache: str | None, top: int, verify: bool, json: bool) -> None:  # noqa: A002 - names are the flags
-    """Trees, nodes, tokens, bytes, compression, corrupt records, access times."""
-    from cache_store.report import stats_lines
-    from cache_store.stats import cache_stats
+    """Prompts, sequences, tokens, bytes in memory and on disk, corrupt records, last writes."""
+    from cache_store.report import stats_dict, stats_lines
 
     with open_store(cache, readonly=True) as store:
-        st = cache_stats(store, top=top, verify=verify)
-    emit(json, {"cache": st.path, **st.to_dict()}, stats_lines(st))  # `path`: the old name of `cache`
+        st = store.stats(verify=verify, top=top)
+    emit(json, stats_dict(st), stats_lines(st))  # `path`: the old name of `cache`
 
 
 def _criteria(max_bytes, max_trees, older_than, min_count, drop_corrupt):  # noqa: ANN001, ANN202
     from cache_store.clock import parse_duration, parse_size
-    from cache_store.prune import PruneCriteria
+    from cache_store.seqprune import PruneCriteria
 
     try:
         crit = PruneCriteria(
             max_bytes=None if max_bytes is None else parse_size(max_bytes),
-            max_trees=max_trees,
+            max_prompts=max_trees,
             older_than=None if older_than is None else parse_duration(older_than),
             min_count=min_count,
             drop_corrupt=drop_corrupt,
@@ -83,13 +85,21 @@ def _criteria(max_bytes, max_trees, older_than, min_count, drop_corrupt):  # noq
     return crit
 
 
+def _any(crit) -> bool:  # noqa: ANN001 - a PruneCriteria
+    return crit.drop_corrupt or any(v is not None for v in (crit.max_bytes, crit.max_prompts,
+                                                             crit.older_than, crit.min_count))
+
+
 @cache.command()
 @config_option
 @cache_opt
-@click.option("--max-bytes", default=None, help="Evict least recently used trees down to N bytes (512M, 2G).")
-@click.option("--max-trees", type=click.IntRange(min=0), default=None, help="Keep at most N trees (LRU).")
-@click.option("--older-than", default=None, help="Drop trees not accessed for this long (30s, 10m, 12h, 7d).")
-@click.option("--min-count", type=float, default=None, help="Drop nodes whose decayed count is below X.")
+@click.option("--max-bytes", default=None,
+              help="Evict the least recently written prompts until their records take at most N bytes (512M, 2G).")
+@click.option("--max-trees", type=click.IntRange(min=0), default=None,
+              help="Keep at most N prompts (one tree each), evicting the least recently written.")
+@click.option("--older-than", default=None, help="Drop prompts not written for this long (30s, 10m, 12h, 7d).")
+@click.option("--min-count", type=float, default=None,
+              help="Drop sequences whose decayed weight is below X (no longer nodes: there are no node counts).")
 @click.option("--drop-corrupt", is_flag=True, help="Drop records that fail their checksum.")
 @click.option("--compact", is_flag=True, help="Shrink the file afterwards (compact copy + atomic swap).")
 @click.option("--dry-run", is_flag=True, help="Report what would go; change nothing.")
@@ -97,34 +107,31 @@ def _criteria(max_bytes, max_trees, older_than, min_count, drop_corrupt):  # noq
 @json_opt
 def prune(cache, max_bytes, max_trees, older_than, min_count, drop_corrupt, compact, dry_run, yes,
           json) -> None:  # noqa: ANN001, A002 - parameter names are the flag names (--config keys)
-    """Evict trees (LRU, age, corrupt) and trim rare nodes; optionally compact the file."""
-    from cache_store.prune import apply_prune, plan_prune
-    from cache_store.report import prune_lines
+    """Drop sequences (corrupt, below a weight) and whole prompts (old, LRU); optionally compact.
+
+    Every prune also removes the sequences already below the cache's floor (never loaded)."""
+    from cache_store.report import prune_dict, prune_lines
 
     crit = _criteria(max_bytes, max_trees, older_than, min_count, drop_corrupt)
-    if not crit.any() and not compact:
+    if not _any(crit) and not compact:
         raise SrtError("nothing to do: give --max-bytes, --max-trees, --older-than, --min-count, "
                        "--drop-corrupt or --compact")
     as_json = json
     with open_store(cache) as store:
-        plan = plan_prune(store, crit)
-        out = {"cache": str(store.path), "dry_run": dry_run, **plan.to_dict()}
+        plan = store.prune(crit, dry_run=True)
         if dry_run:
-            emit(as_json, out, prune_lines(plan, dry_run=True))
+            emit(as_json, {"cache": str(store.path), "dry_run": True, **prune_dict(plan)},
+                 prune_lines(plan, dry_run=True))
             return
         if compact:  # refuse before pruning, not halfway through
-            from cache_store.transfer import check_compactable
-
-            check_compactable(store)
-        _confirm(yes, f"Remove {len(plan.evicted())} of {plan.trees_before} trees from {store.path}"
-                 f"{' and compact it' if compact else ''}?")
-        if crit.any():
-            apply_prune(store, crit, plan)
+            store.check_compactable()
+        _confirm(yes, f"Remove {plan.sequences} of {plan.sequences + plan.sequences_after} sequences "
+                 f"({plan.prompts} prompts whole) from {store.path}{' and compact it' if compact else ''}?")
+        plan = store.prune(crit)  # planned again inside the write: appends since are judged too
+        out = {"cache": str(store.path), "dry_run": False, **prune_dict(plan)}
         lines = prune_lines(plan, dry_run=False)
         if compact:
-            from cache_store.transfer import compact as do_compact
-
-            before, after = do_compact(store)
+            before, after = store.compact()
             out.update(file_bytes_before=before, file_bytes_after=after)
             lines.append(f"compacted: {before:,} -> {after:,} bytes")
     emit(as_json, out, lines)
@@ -147,12 +154,10 @@ def _confirm(yes: bool, question: str) -> None:
 @json_opt
 def export(cache: str | None, out: str, json: bool) -> None:  # noqa: A002
     """Write a compacted, portable copy of the cache to the new directory OUT."""
-    from cache_store.transfer import export as do_export
-
     as_json = json
     with open_store(cache, readonly=True) as store:
         try:
-            size = do_export(store, out)
+            size = store.export(out)
         except OSError as e:
             raise SrtError(f"{out}: cannot write the export: {e.strerror or e}") from None
     emit(as_json, {"cache": str(store.path), "out": out, "bytes": size},
@@ -165,17 +170,18 @@ def export(cache: str | None, out: str, json: bool) -> None:  # noqa: A002
 @click.argument("src", metavar="IN", type=click.Path())
 @json_opt
 def import_(cache: str | None, src: str, json: bool) -> None:  # noqa: A002
-    """Add the counts of the cache (or export) IN to this cache. Importing twice adds twice."""
-    from cache_store.transfer import import_cache
+    """Append the sequences of the cache (or export) IN to this cache, each keeping its age and
+    weight. Importing twice appends twice."""
+    from cache_store.report import import_dict, import_line
 
     as_json = json
+    with open_store(src, readonly=True):
+        pass  # refuse a bad IN (missing, foreign, earlier format) before this cache is created
     with open_store(cache, create=True) as store:
-        rep = import_cache(store, src)
-    obj = {"cache": str(store.path), "trees": rep.trees, "new": rep.new, "corrupt": rep.corrupt,
-           "incompatible": rep.incompatible, "tokens": rep.tokens}
-    emit(as_json, obj, [f"imported {rep.trees} trees ({rep.new} new, {rep.tokens:,.0f} tokens) from {src}"
-                        + (f"; skipped {rep.corrupt} corrupt" if rep.corrupt else "")
-                        + (f"; skipped {rep.incompatible} of another depth" if rep.incompatible else "")])
+        before = set(store.uids())
+        rep = store.import_from(src)
+        new = len(set(store.uids()) - before)
+    emit(as_json, {"cache": str(store.path), **import_dict(rep, new)}, [import_line(rep, new, src)])
 
 
 @cache.command()
@@ -186,7 +192,8 @@ def import_(cache: str | None, src: str, json: bool) -> None:  # noqa: A002
 @click.option("--tokenizer-fingerprint", default=None, help="Fingerprint to file token-id rollouts under.")
 @click.option("--skip-bad", is_flag=True, help="Count and skip bad lines instead of stopping.")
 @click.option("--half-life", type=float, default=None, help="Decay half-life in ticks (new caches only).")
-@click.option("--floor", type=float, default=None, help="Counts below this vanish (new caches only).")
+@click.option("--floor", type=float, default=None,
+              help="A sequence whose decayed weight is below this is no longer loaded (new caches only).")
 @json_opt
 def add(cache, source, model, tokenizer_fingerprint, skip_bad, half_life, floor, json) -> None:  # noqa: ANN001, A002
     """Warm the cache from rollouts in a JSONL file or a steps pool (SOURCE)."""
@@ -195,6 +202,6 @@ def add(cache, source, model, tokenizer_fingerprint, skip_bad, half_life, floor,
     as_json = json
     obj = add_rollouts(Path(source), model, tokenizer_fingerprint, skip_bad, cache, half_life, floor, as_json)
     emit(as_json, obj, [
-        f"added {obj['rollouts']} rollouts ({obj['tokens']:,} tokens) to {obj['trees']} trees in {obj['cache']}"
+        f"added {obj['rollouts']} rollouts ({obj['tokens']:,} tokens) of {obj['trees']} prompts to {obj['cache']}"
         + (f"; skipped {obj['skipped']} bad lines" if obj["skipped"] else "")
     ])

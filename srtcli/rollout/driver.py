@@ -39,7 +39,7 @@ class Groups:
         self.bar.advance()
 
     def batch_done(self) -> None:
-        """A rollout batch ended (its trees are in the cache): advance the cache clock."""
+        """A rollout batch ended (its sequences are in the store): advance the cache clock."""
         if self.store is not None:
             self.store.tick()
 

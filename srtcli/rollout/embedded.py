@@ -124,7 +124,7 @@ class EmbeddedBackend:
 
         def on_batch_end(b: int) -> None:
             if self.store is not None:
-                self.drafter.flush()  # this batch's trees reach LMDB before the clock advances
+                self.drafter.flush()  # this batch's sequences reach LMDB before the clock advances
             groups.batch_done()
 
         batches, upcoming = rollout_batches(c, pl)

@@ -15,12 +15,12 @@ import lmdb
 import pytest
 
 from cache_store import seqrecord
-from cache_store.errors import CorruptRecord, NotACacheError
-from cache_store.seqstore import LmdbSequenceStore, load_tree
-from cache_store.store import CacheStore
+from cache_store.errors import CorruptRecord, NotACacheError, OldFormatError
+from cache_store.seqstore import LmdbSequenceStore, PruneCriteria, load_tree
 from cache_store.suffix_tree import SuffixTree
 from cache_store.trie import TokenTree
 from cache_store.uid import prompt_uid
+from tests.cache_store.support import dir_digest, old_format_cache
 
 UIDS = [prompt_uid([k], "seqstore") for k in range(3)]
 
@@ -95,7 +95,7 @@ def test_the_floor_drops_whole_sequences_however_often_their_paths_repeat(tmp_pa
     s.tick()  # weight 0.25 < 0.3 each; 2.5 summed
     assert s.read(UIDS[0]) == [] and load_tree(s, UIDS[0]).nodes == 0
     assert [x.weight for x in s.read(UIDS[1])] == [0.5]
-    assert s.prune() == 10
+    assert s.prune().sequences == 10
     st = s.stats()
     assert (st.prompts, st.sequences) == (1, 1)
     s.close()
@@ -113,23 +113,20 @@ def test_bad_tokens_raise_before_anything_is_written(tmp_path):
     s.close()
 
 
-def test_neither_format_opens_the_other(tmp_path):
-    CacheStore.open(tmp_path / "trees").close()
-    before = {p.name: p.read_bytes() for p in (tmp_path / "trees").iterdir()}
-    with pytest.raises(NotACacheError):
-        LmdbSequenceStore.open(tmp_path / "trees")
-    assert {p.name: p.read_bytes() for p in (tmp_path / "trees").iterdir()} == before  # untouched
+def test_neither_the_old_tree_cache_nor_a_foreign_lmdb_opens_and_neither_is_touched(tmp_path):
+    old = old_format_cache(tmp_path / "trees")
+    before = dir_digest(old)
+    with pytest.raises(OldFormatError, match="earlier tree format"):
+        LmdbSequenceStore.open(old)
+    assert dir_digest(old) == before  # untouched
     env = lmdb.open(str(tmp_path / "foreign"))  # someone else's LMDB, its lock file gone
     with env.begin(write=True) as txn:
         txn.put(b"k", b"v")
     env.close()
     (tmp_path / "foreign" / "lock.mdb").unlink()
-    with pytest.raises(NotACacheError, match="not a sequence store"):
+    with pytest.raises(NotACacheError, match="not an srt cache"):
         LmdbSequenceStore.open(tmp_path / "foreign")
     assert [p.name for p in (tmp_path / "foreign").iterdir()] == ["data.mdb"]  # nothing written
-    LmdbSequenceStore.open(tmp_path / "seqs").close()
-    with pytest.raises(NotACacheError):
-        CacheStore.open(tmp_path / "seqs")
 
 
 # -- flipped bytes -----------------------------------------------------------------------------
@@ -144,7 +141,7 @@ def test_flipped_bytes_are_reported_skipped_and_prunable(tmp_path):
     assert s.stats().corrupt == 1
     with pytest.warns(UserWarning, match="corrupt"):
         assert [x.tokens.tolist() for x in s.read(UIDS[0])] == [rollout(1)]
-    assert s.prune(drop_corrupt=True) == 1
+    assert s.prune(PruneCriteria(drop_corrupt=True)).corrupt == 1
     st = s.stats()
     assert (st.corrupt, st.sequences) == (0, 1)
     s.close()

@@ -4,7 +4,7 @@
     none    no drafts: plain (batched) sampling                        (none.py)
     ngram   prompt lookup over the prompt and the sequence's output      (ngram.py)
     suffix  SuffixDecoding: a global tree of past outputs + the prompt's (suffix.py)
-    srt     the per-prompt token tree from the LMDB cache, fed on the fly (srt.py)
+    srt     the per-prompt suffix tree from the LMDB sequence store, fed on the fly (srt.py)
 """
 
 from __future__ import annotations

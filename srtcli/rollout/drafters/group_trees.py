@@ -1,21 +1,24 @@
 """The token trees one run drafts from and writes back, per prompt group: the one component
 behind both the embedded `srt` drafter and the vLLM proposer, so both fill the cache alike.
 
-When a group's prompt is first needed its tree is loaded from the cache (`CacheStore.load`,
-already decayed) or started empty, with a flag saying whether the cache held one (a hit). Every
-token a sample of the group appends goes at once into that live tree, so later and concurrent
-samples draft from it, into a *delta* tree holding only what this run added, and into the
-run-wide shared tree (all prompts mixed, never persisted). Each sequence is streamed into them
-starting with the prompt's last token (an anchor), so it can be drafted from its first token.
-When a group ends its delta waits in `pending` until it is merged into LMDB with one
-`commit_many` (batched), so concurrent writers add counts instead of overwriting each other.
+When a group's prompt is first needed its tree is built from the sequence store
+(`cache_store.seqstore.load_tree`: every stored rollout of the prompt, weighted by its decay)
+or started empty, with a flag saying whether the store held sequences for it (a hit). Every
+token a sample of the group appends goes at once into that tree (a `SuffixTree` stream), so
+later and concurrent samples draft from it, and into the run-wide shared tree (all prompts
+mixed, never persisted). Each sequence is streamed starting with the prompt's last token (an
+anchor), so it can be drafted from its first token. When a group ends, the sequences this run
+streamed into its tree (not the loaded ones) wait in `pending` until they are appended to the
+store with one `append_many` (batched); appends never merge, so concurrent writers lose nothing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from cache_store.seqstore import load_tree as load_stored
+from cache_store.suffix_tree import SuffixTree
 from cache_store.trie import TokenTree
 
 DEPTH = 64
@@ -23,12 +26,11 @@ SHARED_DEPTH = 24  # the run-wide tree: SuffixDecoding's global-tree depth
 SHARED_MAX_NODES = 1 << 21  # then the run-wide tree drops what was seen once (see `bound_shared`)
 
 
-def load_tree(store: Any, uid: str) -> tuple[TokenTree, bool]:
-    """The prompt's tree from the cache (decayed), or a new empty one; and whether the cache
-    held a non-empty tree for it (a hit)."""
-    tree = store.load(uid) if store is not None else None
-    hit = tree is not None and tree.mass > 0
-    return (tree or TokenTree(max_depth=DEPTH)), hit
+def load_tree(store: Any, uid: str) -> tuple[SuffixTree, bool]:
+    """The prompt's tree from the store (decayed), or a new empty one; and whether the store
+    held sequences for it (a hit)."""
+    tree = load_stored(store, uid, DEPTH) if store is not None else SuffixTree(DEPTH)
+    return tree, tree.mass > 0
 
 
 def bound_shared(shared: TokenTree | None) -> None:
@@ -41,33 +43,36 @@ def bound_shared(shared: TokenTree | None) -> None:
 
 @dataclass
 class Group:
-    """One prompt's trees while the run works on it."""
+    """One prompt's tree while the run works on it."""
 
-    tree: TokenTree  # live: the cache's tree plus everything this run added
-    delta: TokenTree  # only what this run added (what gets committed)
-    hit: bool  # the cache held a tree for the prompt when it was first needed
+    tree: SuffixTree  # the store's sequences plus everything this run streamed into it
+    hit: bool  # the store held sequences for the prompt when it was first needed
+    added: list[int] = field(default_factory=list)  # ids (in `tree`) of the sequences this run streamed
     counted: bool = False  # counted in `loaded`/`hits`
     finished: int = 0  # samples done (the vLLM proposer ends a group after K)
 
+    def new_sequences(self) -> list:
+        """The tokens of the sequences this run added (anchor first), as they are now."""
+        return [self.tree.sequence(i) for i in self.added]
+
 
 class GroupTrees:
-    """The live groups, the shared tree, the deltas waiting to be committed, and the hit counts.
-    `writer=False` drafts and feeds the trees like a writer but never commits (a vLLM rank
-    other than 0, so counts are not multiplied)."""
+    """The live groups, the shared tree, the finished groups waiting to be appended, and the
+    hit counts. `writer=False` drafts and feeds the trees like a writer but never writes (a
+    vLLM rank other than 0, so sequences are not stored once per rank)."""
 
     def __init__(self, store: Any = None, shared: bool = True, commit_every: int = 8, writer: bool = True):
         self.store, self.commit_every, self.writer = store, commit_every, writer
         self.shared = TokenTree(max_depth=SHARED_DEPTH) if shared else None
         self.groups: dict[str, Group] = {}
-        self.pending: dict[str, TokenTree] = {}  # finished groups' deltas not yet committed
+        self.pending: dict[str, list[Group]] = {}  # finished groups not yet appended
         self.loaded = self.hits = 0
 
     def group(self, uid: str) -> Group:
-        """The group's trees, loaded from the cache the first time the prompt is needed."""
+        """The group's tree, loaded from the store the first time the prompt is needed."""
         g = self.groups.get(uid)
         if g is None:
-            tree, hit = load_tree(self.store, uid)
-            g = self.groups[uid] = Group(tree, TokenTree(max_depth=DEPTH), hit)
+            g = self.groups[uid] = Group(*load_tree(self.store, uid))
         return g
 
     def count(self, g: Group) -> None:
@@ -78,37 +83,40 @@ class GroupTrees:
             self.hits += g.hit
 
     def streams(self, g: Group, anchor: int) -> tuple:
-        """Streams into the group's live and delta trees and the shared tree, fed `anchor`
-        (the prompt's last token) first."""
-        streams = (g.tree.stream(), g.delta.stream())
-        if self.shared is not None:
-            streams += (self.shared.stream(),)
+        """Streams into the group's tree and the shared tree, fed `anchor` (the prompt's last
+        token) first."""
+        stream = g.tree.stream()
+        g.added.append(stream.sequence_id)
+        streams: tuple = (stream,) if self.shared is None else (stream, self.shared.stream())
         for s in streams:
             s.extend([anchor])
         return streams
 
     def retire(self, uid: str) -> None:
-        """The group is done: its delta (if it holds anything) waits for the next commit."""
+        """The group is done: its new sequences (if any) wait for the next append."""
         bound_shared(self.shared)
         g = self.groups.pop(uid, None)
-        if g is not None and g.delta.mass > 0:
-            self.pending[uid] = g.delta
+        if g is not None and g.added:
+            self.pending.setdefault(uid, []).append(g)
 
     def flush_if_due(self) -> bool:
-        """Commit once `commit_every` groups' deltas are waiting; True if a commit ran."""
+        """Append once `commit_every` groups are waiting; True if an append ran."""
         return bool(self.pending) and len(self.pending) >= self.commit_every and self.flush()
 
     def flush(self) -> bool:
-        """Merge the waiting deltas into LMDB in one transaction; True if a commit ran."""
+        """Append the waiting groups' new sequences in one transaction; True if one ran. A
+        group's sequences are read now, so tokens streamed after it retired are kept too."""
         committed = self.store is not None and self.writer and bool(self.pending)
         if committed:
-            self.store.commit_many(self.pending)
+            self.store.append_many({uid: [s for g in gs for s in g.new_sequences()]
+                                    for uid, gs in self.pending.items()})
         self.pending = {}
         return committed
 
     def close(self) -> None:
-        """Commit every delta still held, live groups' too (run-ahead trees of prompts not
-        reached), and forget the groups."""
-        self.pending.update({u: g.delta for u, g in self.groups.items() if g.delta.mass > 0})
+        """Append every new sequence still held, live groups' too (run-ahead trees of prompts
+        not reached), and forget the groups."""
+        for uid in list(self.groups):
+            self.retire(uid)
         self.flush()
         self.groups.clear()

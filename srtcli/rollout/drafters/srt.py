@@ -1,16 +1,16 @@
-"""The `srt` drafter: one token tree per prompt, from the LMDB cache, fed on the fly.
+"""The `srt` drafter: one suffix tree per prompt, from the LMDB sequence store, fed on the fly.
 
-The prompt's tree is loaded from the cache when the first sample of its group takes a slot;
-every token any sample appends feeds it at once, and only what this run added is committed
-when the group ends (`group_trees.GroupTrees`, shared with the vLLM proposer). Run-ahead
-sequences are ordinary sequences of a future group: their tokens reach that group's trees and
-nothing else.
+The prompt's tree is built from its stored rollouts when the first sample of its group takes a
+slot; every token any sample appends feeds it at once, and the sequences this run generated are
+appended to the store when the group ends (`group_trees.GroupTrees`, shared with the vLLM
+proposer). Run-ahead sequences are ordinary sequences of a future group: their tokens reach
+that group's trees (and the store, as sequences of that prompt) and nothing else.
 
 Three exact ways to draft (see `srtcli.rollout.engine.verify`, `srtcli.rollout.engine.tree_verify`):
-- `mode="greedy"`: follow the most frequent child (`TokenTree.draft`); a point mass.
+- `mode="greedy"`: follow the most frequent child (`SuffixTree.draft`); a point mass.
 - `mode="sample"`: sample each child in proportion to its count among the children the tree
-  lists (`TokenTree.draft_tree`), recording q; verified with the ratio rule.
-- `mode="tree"`: the best-first draft tree itself (`TokenTree.draft_tree`, `budget` nodes),
+  lists (`SuffixTree.draft_tree`), recording q; verified with the ratio rule.
+- `mode="tree"`: the best-first draft tree itself (`SuffixTree.draft_tree`, `budget` nodes),
   verified as a tree: several candidates per position in one forward.
 bench/rollout_bench.py measures both (`srt` = sample, `srt-greedy`); sampling accepted more
 tokens per forward on the bundled workload, so it is the default.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from cache_store.suffix_tree import SuffixTree
 from cache_store.trie import TokenTree
 from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.group_trees import DEPTH, SHARED_DEPTH, GroupTrees
@@ -38,8 +39,8 @@ def expected_length(probs: list[float]) -> float:
     return total
 
 
-def best_draft(tree: TokenTree, shared: TokenTree | None, ctx: list[int], budget: int,
-               min_prob: float) -> tuple[TokenTree, Any]:
+def best_draft(tree: SuffixTree, shared: TokenTree | None, ctx: list[int], budget: int,
+               min_prob: float) -> tuple[SuffixTree | TokenTree, Any]:
     """The most frequent path from the prompt's tree, or from the run-wide tree when that one
     expects to be accepted for longer; returns the tree drafted from and its `Draft`. Depends on
     the context and the trees only, so verification stays exact."""
@@ -82,7 +83,7 @@ class SrtDrafter(Drafter):
             return Proposal(dt.tokens, parents=dt.parents)
         return self._sample(tree, ctx[-tree.max_depth:], budget)
 
-    def _sample(self, tree: TokenTree, ctx: list[int], budget: int) -> Proposal:
+    def _sample(self, tree: SuffixTree | TokenTree, ctx: list[int], budget: int) -> Proposal:
         dt = tree.draft_tree(ctx, budget=4 * budget, min_prob=self.min_prob)
         kids: dict[int, list[int]] = {}
         for i, par in enumerate(dt.parents):
@@ -110,11 +111,11 @@ class SrtDrafter(Drafter):
         self.trees.flush_if_due()
 
     def flush(self) -> None:
-        """Merge the deltas of finished groups into LMDB in one transaction."""
+        """Append the new sequences of finished groups to the store in one transaction."""
         self.trees.flush()
 
     def close(self) -> None:
-        """Commit what is still held (e.g. run-ahead trees of prompts not reached)."""
+        """Append what is still held (e.g. run-ahead sequences of prompts not reached)."""
         self.trees.close()
 
     def stats(self) -> dict[str, float]:

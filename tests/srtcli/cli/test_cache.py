@@ -1,5 +1,6 @@
-"""`srt cache` end to end on real caches: add (ids, text, steps pools), stats, prune,
-export, import; bad input gives one line, exit 1, no traceback, and changes nothing."""
+"""`srt cache` end to end on real caches (the sequence store): add (ids, text, steps pools),
+stats, prune by every criterion, export, import; bad input gives one line, exit 1, no traceback,
+and changes nothing; a cache of the earlier tree format is refused by every command."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cache_store.store import CacheStore
-from cache_store.trie import TokenTree
+from cache_store.seqstore import LmdbSequenceStore, load_tree
 from cache_store.uid import prompt_uid
 from srtcli.cli import cli
+from tests.cache_store.support import old_format_cache
 
 CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}")
@@ -78,20 +79,25 @@ def write_jsonl(path: Path, rows: list) -> Path:
     return path
 
 
-def tree(*seqs: list[int]) -> bytes:
-    t = TokenTree()
-    for s in seqs:
-        t.insert(s)
-    return t.to_bytes()
+def sequences(cache: Path, uid: str) -> list[list[int]]:
+    """The token lists stored for a prompt, in append order."""
+    with LmdbSequenceStore.open(cache, create=False) as s:
+        return [list(map(int, x.tokens)) for x in s.read(uid)]
 
 
-def stored(cache: Path, uid: str) -> bytes | None:
-    s = CacheStore.open(cache, create=False)
-    try:
-        t = s.load(uid)
-        return None if t is None else t.to_bytes()
-    finally:
-        s.close()
+def tick(cache: Path, n: int) -> None:
+    """Advance the cache's clock as `srt rollout` does once per batch."""
+    with LmdbSequenceStore.open(cache, create=False) as s:
+        s.tick(n)
+
+
+def flip_a_byte(cache: Path, uid: str, offset: int = -3) -> None:
+    """Corrupt the first record of a prompt (one flipped bit in its payload)."""
+    with LmdbSequenceStore.open(cache, create=False) as s:
+        key, rec = s.raw_records(uid)[0]
+        rec = bytearray(rec)
+        rec[offset] ^= 0x20
+        s.put_raw(key, bytes(rec))
 
 
 # -- add ---------------------------------------------------------------------------------
@@ -105,12 +111,44 @@ def test_add_token_ids_stores_anchor_plus_response(tmp_path):
     ])
     cache = tmp_path / "c"
     out = last_json(run("cache", "add", str(src), "--cache", str(cache), "--tokenizer-fingerprint", "fp", "--json"))
-    assert (out["rollouts"], out["tokens"], out["trees"], out["skipped"]) == (3, 8, 2, 0)
-    assert stored(cache, prompt_uid([7, 8, 9], "fp")) == tree([9, 1, 2, 3, 1, 2], [9, 1, 2, 4])
-    assert stored(cache, prompt_uid([7, 8, 9], "other")) is None  # another tokenizer, another tree
+    assert (out["rollouts"], out["sequences"], out["tokens"], out["trees"], out["skipped"]) == (3, 2, 8, 2, 0)
+    uid = prompt_uid([7, 8, 9], "fp")
+    assert sequences(cache, uid) == [[9, 1, 2, 3, 1, 2], [9, 1, 2, 4]]  # the anchor, then the response
+    assert sequences(cache, prompt_uid([5], "fp")) == []  # an empty response stores nothing
+    assert sequences(cache, prompt_uid([7, 8, 9], "other")) == []  # another tokenizer, another prompt
+    with LmdbSequenceStore.open(cache, create=False) as s:
+        assert s.now() == 0  # adding never advances the clock
+        assert load_tree(s, uid).draft([9, 1, 2], budget=4).tokens == [3, 1, 2]
     stats = last_json(run("cache", "stats", "--cache", str(cache), "--json"))
-    assert stats["trees"] == 1 and stats["corrupt"] == 0 and stats["tokens"] == 10.0
-    assert {"trees", "nodes", "tokens", "disk_bytes", "corrupt"} <= set(stats)
+    assert (stats["trees"], stats["prompts"], stats["sequences"], stats["tokens"], stats["corrupt"]) == (1, 1, 2, 10, 0)
+    assert stats["memory_bytes"] > 0 and stats["disk_bytes"] > 0 and stats["record_bytes"] == stats["live_bytes"] > 0
+    assert stats["cache"] == stats["path"] == str(cache) and stats["tick"] == 0
+
+
+def test_add_appends_to_an_existing_cache_at_its_current_tick(tmp_path):
+    cache = tmp_path / "c"
+    src = write_jsonl(tmp_path / "r.jsonl", [{"prompt_ids": [1], "response_ids": [2, 3]}])
+    flags = ("--cache", str(cache), "--tokenizer-fingerprint", "fp")
+    last_json(run("cache", "add", str(src), *flags, "--half-life", "10", "--floor", "0.3", "--json"))
+    tick(cache, 10)
+    last_json(run("cache", "add", str(src), *flags, "--half-life", "99", "--json"))  # settings: new caches only
+    with LmdbSequenceStore.open(cache, create=False) as s:
+        got = [(list(map(int, x.tokens)), x.tick, x.weight) for x in s.read(prompt_uid([1], "fp"))]
+        assert (s.info()["half_life"], s.info()["floor"], s.now()) == (10.0, 0.3, 10)
+    assert got == [([1, 2, 3], 0, 0.5), ([1, 2, 3], 10, 1.0)]  # the first one decayed one half-life
+
+
+def test_add_writes_in_batches_bounded_by_tokens(tmp_path):
+    from cache_store.warm import Warmer
+
+    with LmdbSequenceStore.open(tmp_path / "c") as s:
+        w = Warmer(s, "fp", batch_tokens=10)
+        for p in range(5):
+            w.add([p], [p + 1] * 4)  # 5 stored tokens each: a batch every second rollout
+            assert sum(len(s.read(prompt_uid([q], "fp"))) for q in range(5)) == 2 * ((p + 1) // 2)
+        w.flush()
+        assert w.batches == 3 and [sequences(tmp_path / "c", prompt_uid([p], "fp")) for p in range(5)] == [
+            [[p] + [p + 1] * 4] for p in range(5)]
 
 
 def test_add_text_uses_the_chat_template_and_fingerprint(tmp_path, tok_dir):
@@ -126,10 +164,10 @@ def test_add_text_uses_the_chat_template_and_fingerprint(tmp_path, tok_dir):
     fp = tokenizer_fingerprint(tok)
     ids = encode_prompt(tok, "what is 2+3 ?")
     assert ids == encode_prompt(tok, [{"role": "user", "content": "what is 2+3 ?"}])
-    assert tok.decode(ids) .replace(" ", "") == "<|im_start|>userwhatis2+3?<|im_end|><|im_start|>assistant"
+    assert tok.decode(ids).replace(" ", "") == "<|im_start|>userwhatis2+3?<|im_end|><|im_start|>assistant"
     assert out["trees"] == 1 and out["tokenizer_fingerprint"] == fp
     resp = [encode_response(tok, "it is 5"), encode_response(tok, "<answer> 5 </answer>")]
-    assert stored(cache, prompt_uid(ids, fp)) == tree(ids[-1:] + resp[0], ids[-1:] + resp[1])
+    assert sequences(cache, prompt_uid(ids, fp)) == [ids[-1:] + resp[0], ids[-1:] + resp[1]]
     other = load_tokenizer(make_tokenizer(tmp_path / "tok2", WORDS[::-1]))
     assert tokenizer_fingerprint(other) != fp
 
@@ -146,7 +184,7 @@ def test_add_steps_pool_takes_prompt_and_whole_trajectory(tmp_path):
     cache = tmp_path / "c"
     out = last_json(run("cache", "add", str(pool), "--cache", str(cache), "--tokenizer-fingerprint", "fp", "--json"))
     assert (out["rollouts"], out["trees"]) == (2, 1)
-    assert stored(cache, prompt_uid([3, 4], "fp")) == tree([4, 5, 6, 7, 8], [4, 9])
+    assert sequences(cache, prompt_uid([3, 4], "fp")) == [[4, 5, 6, 7, 8], [4, 9]]
 
 
 BAD_LINES = [
@@ -205,70 +243,121 @@ def test_add_usage_errors(tmp_path, tok_dir):
 # -- stats / prune / export / import ------------------------------------------------------
 
 
-@pytest.fixture
-def filled(tmp_path) -> Path:
-    rows = [{"prompt_ids": [p], "response_ids": list(range(p, p + 30))} for p in range(20)]
-    cache = tmp_path / "c"
-    r = run("cache", "add", str(write_jsonl(tmp_path / "r.jsonl", rows)), "--cache", str(cache),
+def add_rows(tmp_path: Path, cache: Path, prompts: range, name: str) -> None:
+    rows = [{"prompt_ids": [p], "response_ids": list(range(p, p + 30))} for p in prompts]
+    r = run("cache", "add", str(write_jsonl(tmp_path / name, rows)), "--cache", str(cache),
             "--tokenizer-fingerprint", "fp")
     assert r.exit_code == 0, r.output
+
+
+@pytest.fixture
+def filled(tmp_path) -> Path:
+    """20 prompts of one 31-token sequence each; prompts 0-9 written before prompts 10-19."""
+    cache = tmp_path / "c"
+    add_rows(tmp_path, cache, range(10), "first.jsonl")
+    add_rows(tmp_path, cache, range(10, 20), "second.jsonl")
     return cache
 
 
-def test_prune_dry_run_refusal_and_compaction(filled):
+def uid(p: int) -> str:
+    return prompt_uid([p], "fp")
+
+
+def kept(cache: Path) -> list[int]:
+    """The prompts (of 0-19) that still have sequences."""
+    return [p for p in range(20) if sequences(cache, uid(p))]
+
+
+def prune(cache: Path, *flags: str) -> dict:
+    return last_json(run("cache", "prune", "--cache", str(cache), *flags, "--json"))
+
+
+def test_prune_max_trees_evicts_the_least_recently_written_prompts(filled):
     before = snapshot(filled)
-    out = last_json(run("cache", "prune", "--cache", str(filled), "--max-trees", "5", "--dry-run", "--json"))
-    assert (out["lru_evicted"], out["trees_after"]) == (15, 5)
+    out = prune(filled, "--max-trees", "5", "--dry-run")
+    assert (out["dry_run"], out["lru_evicted"], out["trees_before"], out["trees_after"]) == (True, 15, 20, 5)
+    assert set(out["lru_uids"][:10]) == {uid(p) for p in range(10)}  # the earlier add goes first
     assert snapshot(filled) == before
     one_line_error(run("cache", "prune", "--cache", str(filled), "--max-trees", "5"), "--yes")
     assert snapshot(filled) == before
-    out = last_json(run("cache", "prune", "--cache", str(filled), "--max-trees", "5", "--yes", "--compact", "--json"))
-    assert out["trees_after"] == 5 and out["file_bytes_after"] <= out["file_bytes_before"]
+    out = prune(filled, "--max-trees", "5", "--yes", "--compact")
+    assert (out["trees_after"], out["sequences_removed"], out["sequences_after"]) == (5, 15, 5)
+    assert out["file_bytes_after"] <= out["file_bytes_before"]
+    assert len(kept(filled)) == 5 and set(kept(filled)) < set(range(10, 20))
     assert last_json(run("cache", "stats", "--cache", str(filled), "--json"))["trees"] == 5
-    out = last_json(run("cache", "prune", "--cache", str(filled), "--max-bytes", "1K", "--yes", "--json"))
-    assert out["bytes_after"] <= 1024
-    out = last_json(run("cache", "prune", "--cache", str(filled), "--older-than", "0s", "--yes", "--json"))
-    assert out["trees_after"] == 0
 
 
-def _nodes_of(cache: Path, uid: str) -> int:
-    from cache_store.codec import MetaRecord
+def test_prune_max_bytes_keeps_the_newest_prompts_within_the_budget(filled):
+    total = last_json(run("cache", "stats", "--cache", str(filled), "--json"))["record_bytes"]
+    budget = total // 2
+    out = prune(filled, "--max-bytes", str(budget), "--dry-run")
+    assert out["bytes_before"] == total and out["bytes_after"] <= budget < out["bytes_after"] + total // 20
+    out = prune(filled, "--max-bytes", str(budget), "--yes")
+    assert last_json(run("cache", "stats", "--cache", str(filled), "--json"))["record_bytes"] == out["bytes_after"]
+    assert kept(filled) == list(range(20 - out["trees_after"], 20))
+    assert prune(filled, "--max-bytes", "1K", "--yes")["bytes_after"] <= 1024
 
-    s = CacheStore.open(cache)
-    try:
-        with s.env.begin() as txn:
-            return MetaRecord.unpack(txn.get(uid.encode(), db=s.handle().dbs["meta"])).nodes
-    finally:
-        s.close()
+
+def test_prune_older_than_goes_by_the_last_write(filled):
+    before = snapshot(filled)
+    assert prune(filled, "--older-than", "1d", "--yes")["trees_removed"] == 0
+    assert prune(filled, "--older-than", "0s", "--dry-run")["old_dropped"] == 20
+    assert snapshot(filled) == before
+    out = prune(filled, "--older-than", "0s", "--yes")
+    assert (out["old_dropped"], out["trees_after"], kept(filled)) == (20, 0, [])
+
+
+def test_prune_min_count_drops_sequences_below_that_decayed_weight(filled, tmp_path):
+    tick(filled, 100)  # one half-life: every stored sequence now weighs 0.5
+    add_rows(tmp_path, filled, range(5), "again.jsonl")  # prompts 0-4 get a second one, weight 1
+    before = snapshot(filled)
+    out = prune(filled, "--min-count", "0.75", "--dry-run")
+    assert (out["light_dropped"], out["trees_after"], out["sequences_after"]) == (20, 5, 5)
+    assert snapshot(filled) == before
+    out = prune(filled, "--min-count", "0.75", "--yes")
+    assert (out["light_dropped"], out["trimmed_empty"], out["lru_evicted"]) == (20, 15, 0)
+    assert kept(filled) == list(range(5))
+    with LmdbSequenceStore.open(filled, create=False) as s:
+        assert [(x.tick, x.weight) for x in s.read(uid(0))] == [(100, 1.0)]  # the old one went
+    assert prune(filled, "--min-count", "0.75", "--yes")["sequences_removed"] == 0
+
+
+def test_every_prune_removes_what_is_below_the_floor(filled):
+    tick(filled, 400)  # 0.5 ** 4 = 0.0625 < the floor 0.1: never loaded any more
+    out = prune(filled, "--max-trees", "100", "--yes")
+    assert (out["light_dropped"], out["trees_after"]) == (20, 0)
 
 
 def test_stats_and_prune_handle_a_corrupt_record(filled):
-    s = CacheStore.open(filled)
-    uid = prompt_uid([3], "fp")
-    rec = bytearray(s.raw_record(uid))
-    rec[-5] ^= 0x20
-    with s.env.begin(write=True) as txn:
-        txn.put(uid.encode(), bytes(rec), db=s.handle().dbs["trees"])
-    s.close()
+    flip_a_byte(filled, uid(3))
     st = last_json(run("cache", "stats", "--cache", str(filled), "--json"))
-    assert (st["corrupt"], st["corrupt_uids"], st["trees"]) == (1, [uid], 19)
+    assert (st["corrupt"], st["corrupt_uids"], st["trees"], st["sequences"]) == (1, [uid(3)], 20, 20)
     quick = last_json(run("cache", "stats", "--cache", str(filled), "--no-verify", "--json"))
-    assert (quick["corrupt"], quick["trees"], quick["nodes"]) == (None, 20, st["nodes"] + _nodes_of(filled, uid))
-    out = last_json(run("cache", "prune", "--cache", str(filled), "--drop-corrupt", "--yes", "--json"))
-    assert out["corrupt_dropped"] == 1
+    assert (quick["corrupt"], quick["trees"]) == (None, 20)
+    text = run("cache", "stats", "--cache", str(filled))
+    assert f"corrupt      1 (first: {uid(3)})" in text.output
+    before = snapshot(filled)
+    assert prune(filled, "--drop-corrupt", "--dry-run")["corrupt_dropped"] == 1
+    assert snapshot(filled) == before
+    out = prune(filled, "--drop-corrupt", "--yes")
+    assert (out["corrupt_dropped"], out["trees_after"]) == (1, 19)
     assert last_json(run("cache", "stats", "--cache", str(filled), "--json"))["corrupt"] == 0
+    assert kept(filled) == [p for p in range(20) if p != 3]
 
 
 def test_export_import_and_default_location(filled, tmp_path):
     exp = tmp_path / "exp"
-    last_json(run("cache", "export", str(exp), "--cache", str(filled), "--json"))
+    out = last_json(run("cache", "export", str(exp), "--cache", str(filled), "--json"))
+    assert out["out"] == str(exp) and out["bytes"] == (exp / "data.mdb").stat().st_size
     one_line_error(run("cache", "export", str(exp), "--cache", str(filled)), "already exists")
     home = tmp_path / "home"
     env = {"SRT_CACHE": str(home)}
-    assert last_json(run("cache", "import", str(exp), "--json", env=env))["trees"] == 20
+    first = last_json(run("cache", "import", str(exp), "--json", env=env))
+    assert (first["trees"], first["new"], first["sequences"], first["tokens"]) == (20, 20, 20, 20 * 31)
     assert last_json(run("cache", "import", str(exp), "--json", env=env))["new"] == 0
     st = last_json(run("cache", "stats", "--json", env=env))
-    assert st["path"] == str(home) and st["tokens"] == 2 * 20 * 31  # imported twice: doubled
+    assert st["path"] == str(home) and (st["sequences"], st["tokens"]) == (40, 2 * 20 * 31)  # imported twice
+    assert sequences(home, uid(7)) == [[7] + list(range(7, 37))] * 2
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"cache: {home}\ntop: 1\n")
     assert len(last_json(run("cache", "stats", "--config", str(cfg), "--json"))["largest"]) == 1
@@ -279,17 +368,35 @@ def test_bad_input_to_every_command_is_one_line(filled, tmp_path):
     other.mkdir()
     (other / "f").write_text("x")
     for cmd in (["stats"], ["prune", "--max-trees", "1", "--yes"], ["export", str(tmp_path / "e")]):
-        one_line_error(run("cache", *cmd, "--cache", str(missing)), "no such cache")
-        one_line_error(run("cache", *cmd, "--cache", str(other)), "not an srt cache")
-    one_line_error(run("cache", "import", str(missing), "--cache", str(filled)), "no such cache")
-    one_line_error(run("cache", "import", str(other), "--cache", str(filled)), "not an srt cache")
+        one_line_error(run("cache", *cmd, "--cache", str(missing)), "no srt cache here")
+        one_line_error(run("cache", *cmd, "--cache", str(other)), f"{other}: ", "srt cache")
+    fresh = tmp_path / "fresh"
+    one_line_error(run("cache", "import", str(missing), "--cache", str(fresh)), "no srt cache here")
+    one_line_error(run("cache", "import", str(other), "--cache", str(fresh)), f"{other}: ", "srt cache")
     one_line_error(run("cache", "import", str(filled), "--cache", str(filled)), "itself")
     before = snapshot(filled)
     for flags, msg in ((["--older-than", "3 days"], "bad duration"), (["--older-than", "-1d"], "bad duration"),
                        (["--max-bytes", "lots"], "bad size"), (["--min-count", "-1"], "--min-count"), ([], "nothing to do")):
         one_line_error(run("cache", "prune", "--cache", str(filled), "--yes", *flags), msg)
     assert snapshot(filled) == before
-    assert not missing.exists() and os.listdir(other) == ["f"]
+    assert not missing.exists() and not fresh.exists() and os.listdir(other) == ["f"]
+    assert not (tmp_path / "e").exists()
+
+
+def test_an_earlier_format_cache_is_refused_by_every_command(filled, tmp_path):
+    from tests.cache_store.support import dir_digest
+
+    old = old_format_cache(tmp_path / "old")
+    before = dir_digest(old)
+    src = write_jsonl(tmp_path / "r.jsonl", [{"prompt_ids": [1], "response_ids": [2]}])
+    for cmd in (["stats"], ["prune", "--max-trees", "1", "--yes"], ["prune", "--compact", "--yes"],
+                ["export", str(tmp_path / "e")], ["import", str(filled)],
+                ["add", str(src), "--tokenizer-fingerprint", "f"]):
+        one_line_error(run("cache", *cmd, "--cache", str(old)), "earlier tree format", "srt cache add")
+        assert dir_digest(old) == before, cmd
+    into = tmp_path / "into"
+    one_line_error(run("cache", "import", str(old), "--cache", str(into)), "earlier tree format")
+    assert dir_digest(old) == before and not into.exists() and not (tmp_path / "e").exists()
 
 
 def test_a_newer_format_is_refused_by_every_command(filled, tmp_path):
@@ -322,15 +429,12 @@ def test_management_commands_never_import_torch(filled, tmp_path):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"torch": False, "transformers": False}
 
 
-@pytest.mark.slow
-def test_warming_from_a_pool_rebuilds_exactly_the_trees_rollout_built(tmp_path):
-    """`srt rollout` (no run-ahead) fills its cache while sampling; `srt cache add` of the pool
-    it wrote must produce byte-identical trees under the same uids (same prompt encoding,
+def test_warming_from_a_pool_stores_exactly_the_sequences_rollout_stored(tmp_path):
+    """`srt rollout` (no run-ahead) appends its samples while sampling; `srt cache add` of the
+    pool it wrote must store the same sequences under the same uids (same prompt encoding,
     fingerprint, anchor token and response span)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from cache_store.codec import decode_record
 
     model = make_tokenizer(tmp_path / "model", WORDS)
     torch.manual_seed(0)
@@ -344,18 +448,16 @@ def test_warming_from_a_pool_rebuilds_exactly_the_trees_rollout_built(tmp_path):
     assert r.exit_code == 0, r.output
     last_json(run("cache", "add", str(tmp_path / "pool"), "--model", str(model), "--cache", str(tmp_path / "c2"),
                   "--json"))
-    a, b = CacheStore.open(tmp_path / "c1"), CacheStore.open(tmp_path / "c2")
-    try:
-        uids = sorted(u for u, _, _ in a.scan())
-        assert len(uids) == 3 and uids == sorted(u for u, _, _ in b.scan())
-        for u in uids:  # compare the stored node tables (rollout's clock has ticked, so no decay)
-            assert decode_record(a.raw_record(u))[1] == decode_record(b.raw_record(u))[1]
-    finally:
-        a.close()
-        b.close()
+    with LmdbSequenceStore.open(tmp_path / "c1", create=False) as a, \
+            LmdbSequenceStore.open(tmp_path / "c2", create=False) as b:
+        uids = sorted(a.uids())
+        assert len(uids) == 3 and uids == sorted(b.uids())
+    for u in uids:  # the order of appends may differ (samples finish in any order)
+        assert sorted(sequences(tmp_path / "c1", u)) == sorted(sequences(tmp_path / "c2", u))
+        assert len(sequences(tmp_path / "c1", u)) == 4
 
 
-def test_drafting_skips_a_corrupt_tree_and_goes_on(filled):
+def test_drafting_skips_a_corrupt_record_and_goes_on(filled):
     """The rollout drafter on a cache with a flipped byte: that prompt drafts from an empty
     tree (with a warning), the others still draft, nothing crashes."""
     from types import SimpleNamespace
@@ -363,27 +465,23 @@ def test_drafting_skips_a_corrupt_tree_and_goes_on(filled):
     from cache_store.errors import CorruptTreeWarning
     from srtcli.rollout.drafters.srt import SrtDrafter
 
-    bad, good = prompt_uid([3], "fp"), prompt_uid([4], "fp")
-    s = CacheStore.open(filled)
-    rec = bytearray(s.raw_record(bad))
-    rec[30] ^= 0x01
-    with s.env.begin(write=True) as txn:
-        txn.put(bad.encode(), bytes(rec), db=s.handle().dbs["trees"])
-    d = SrtDrafter(s)
-    seqs = [SimpleNamespace(group=u, runahead=False, prompt_ids=[p], output=[], drafter_state=None)
-            for u, p in ((bad, 3), (good, 4))]
-    with pytest.warns(CorruptTreeWarning, match=bad):
-        d.begin(seqs[0])
-    d.begin(seqs[1])
-    assert d.propose(seqs[0], 8).tokens == []
-    assert len(d.propose(seqs[1], 8).tokens) > 0
-    assert d.stats()["cache_hits"] == 1
-    s.close()
+    bad, good = uid(3), uid(4)
+    flip_a_byte(filled, bad, offset=40)
+    with LmdbSequenceStore.open(filled, create=False) as s:
+        d = SrtDrafter(s)
+        seqs = [SimpleNamespace(group=u, runahead=False, prompt_ids=[p], output=[], drafter_state=None)
+                for u, p in ((bad, 3), (good, 4))]
+        with pytest.warns(CorruptTreeWarning, match=bad):
+            d.begin(seqs[0])
+        d.begin(seqs[1])
+        assert d.propose(seqs[0], 8).tokens == []
+        assert len(d.propose(seqs[1], 8).tokens) > 0
+        assert d.stats()["cache_hits"] == 1
 
 
 def test_prune_compact_refuses_up_front_while_another_process_uses_the_cache(filled):
-    code = ("import time; from cache_store.store import CacheStore; "
-            f"s = CacheStore.open({str(filled)!r}); print('open', flush=True); time.sleep(60)")
+    code = ("import time; from cache_store.seqstore import LmdbSequenceStore; "
+            f"s = LmdbSequenceStore.open({str(filled)!r}); print('open', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "open"
@@ -394,3 +492,9 @@ def test_prune_compact_refuses_up_front_while_another_process_uses_the_cache(fil
     finally:
         p.kill()
         p.wait()
+
+
+def test_the_help_says_what_the_changed_flags_now_mean():
+    text = " ".join(run("cache", "prune", "--help").output.split())
+    assert "Keep at most N prompts" in text and "sequences whose decayed weight is below X" in text
+    assert "A sequence whose decayed weight is below this" in " ".join(run("cache", "add", "--help").output.split())

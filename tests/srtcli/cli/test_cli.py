@@ -357,18 +357,16 @@ def test_a_too_long_prompt_is_srts_one_line_without_transformers_warning(tmp_pat
 
 @pytest.mark.slow
 def test_a_corrupt_tree_warns_in_one_srt_line(tmp_path, model_dir):
-    from cache_store.store import CacheStore
+    from cache_store.seqstore import LmdbSequenceStore
 
     prompts = _prompts(tmp_path / "p.jsonl", 2)
     args = ["rollout", "--prompts", str(prompts), "--model", str(model_dir), "-n", "2", "--max-new-tokens", "8",
             "--cache", str(tmp_path / "cache"), "--json"]
     assert CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "p1")]).exit_code == 0
-    s = CacheStore.open(tmp_path / "cache")
-    uid = next(u for u, _, _ in s.scan(verify=False))
-    rec = bytearray(s.raw_record(uid))
-    rec[-5] ^= 0x20
-    with s.env.begin(write=True) as txn:
-        txn.put(uid.encode(), bytes(rec), db=s.handle().dbs["trees"])
+    s = LmdbSequenceStore.open(tmp_path / "cache")
+    uid = s.uids()[0]
+    key, rec = s.raw_records(uid)[0]
+    s.put_raw(key, rec[:-5] + bytes([rec[-5] ^ 0x20]) + rec[-4:])
     s.close()
     r = srt(*args, "--out", str(tmp_path / "p2"))
     assert r.returncode == 0, r.stderr

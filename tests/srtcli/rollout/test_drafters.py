@@ -1,13 +1,12 @@
 """Drafters behind one interface: prompt lookup, SuffixDecoding-style global + prompt trees,
 and the srt per-prompt tree (on-the-fly sharing inside a group, isolation between groups, and
-merging only this run's additions into a real LMDB cache)."""
+appending only this run's sequences to a real LMDB sequence store)."""
 
 from __future__ import annotations
 
 import math
 
-from cache_store.store import CacheStore
-from cache_store.trie import TokenTree
+from cache_store.seqstore import LmdbSequenceStore, load_tree
 from srtcli.rollout.drafters import make_drafter
 from srtcli.rollout.drafters.ngram import NgramDrafter
 from srtcli.rollout.drafters.srt import SrtDrafter
@@ -59,8 +58,8 @@ def test_srt_shares_tokens_within_a_group_at_once_and_not_across_groups():
 
 
 def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
-    store = CacheStore.open(tmp_path / "cache")
-    g, h = "g" * 32, "h" * 32
+    store = LmdbSequenceStore.open(tmp_path / "cache")
+    g, h = "a" * 32, "b" * 32
     d = SrtDrafter(store=store)
     a = seq([1, 2], group=g)
     d.begin(a)
@@ -80,8 +79,9 @@ def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
         d.end(s)
     d.group_done(g), d.group_done(h)
     d.close()
-    # the run-wide tree is never persisted: h's cached tree holds only h's own tokens
-    assert store.load(h).count([7, 5, 5]) == 1 and store.load(h).count([8]) == 0
+    # the run-wide tree is never persisted: h's stored sequences are only h's own, anchor first
+    assert [list(s.tokens) for s in store.read(h)] == [[2, 7, 5, 5], [2, 7]]
+    assert load_tree(store, h).count([7, 5, 5]) == 1 and load_tree(store, h).count([8]) == 0
     store.close()
 
 
@@ -118,30 +118,58 @@ def test_srt_sample_mode_records_the_distribution_it_sampled_from():
     assert {(3, 4), (3, 6)} <= seen  # both children of 3 are sampled
 
 
-def test_srt_merges_only_what_the_run_added_into_lmdb(tmp_path):
-    store = CacheStore.open(tmp_path / "cache")
-    base = TokenTree(max_depth=64)
-    base.insert([2, 5, 6])
-    store.commit_many({"u" * 32: base})
-    before = store.load("u" * 32).count([5, 6])
+def test_srt_appends_only_the_sequences_the_run_added(tmp_path):
+    u, v = "c" * 32, "d" * 32
+    store = LmdbSequenceStore.open(tmp_path / "cache")
+    store.append(u, [[2, 5, 6]])
     d = SrtDrafter(store=store)
-    s = seq([1, 2], group="u" * 32)
+    s = seq([1, 2], group=u)
     d.begin(s)
-    assert d.propose(s, 4).tokens == [5, 6]  # loaded from the cache
+    assert d.propose(s, 4).tokens == [5, 6]  # loaded from the store
     d.extend(s, [5, 6])
     d.end(s)
-    d.group_done("u" * 32)
-    assert store.load("u" * 32).count([5, 6]) == before  # commits are batched ...
+    d.group_done(u)
+    assert len(store.read(u)) == 1  # appends are batched ...
     d.flush()  # ... until the rollout batch ends
-    after = store.load("u" * 32)
-    assert after.count([5, 6]) == before + 1  # added once, not the loaded tree merged back
+    # the run's sequence (anchor first) is appended once; the loaded one is not written back
+    assert [list(x.tokens) for x in store.read(u)] == [[2, 5, 6], [2, 5, 6]]
+    assert load_tree(store, u).count([5, 6]) == 2
     assert d.stats()["cache_hit_rate"] == 1.0
-    # run-ahead trees of groups never rolled out are committed on close
-    r = seq([3, 4], group="v" * 32, runahead=True)
+    # run-ahead sequences of groups never rolled out are appended on close
+    r = seq([3, 4], group=v, runahead=True)
     d.begin(r)
     d.extend(r, [8, 9])
     d.end(r)
     d.close()
-    assert store.load("v" * 32).count([8, 9]) == 1
+    assert [list(x.tokens) for x in store.read(v)] == [[4, 8, 9]]
     assert d.stats()["cache_groups"] == 1  # run-ahead loads do not count in the hit rate
+    store.close()
+
+
+def test_tokens_streamed_after_a_group_retired_still_reach_the_store(tmp_path):
+    u = "e" * 32
+    store = LmdbSequenceStore.open(tmp_path / "cache")
+    d = SrtDrafter(store=store)
+    s = seq([1, 2], group=u)
+    d.begin(s)
+    d.extend(s, [5])
+    d.group_done(u)  # e.g. a run-ahead sequence still running for a prompt whose group ended
+    d.extend(s, [6, 7])
+    d.flush()
+    assert [list(x.tokens) for x in store.read(u)] == [[2, 5, 6, 7]]
+    store.close()
+
+
+def test_a_prompt_retired_twice_before_an_append_keeps_both_groups(tmp_path):
+    u = "f" * 32
+    store = LmdbSequenceStore.open(tmp_path / "cache")
+    d = SrtDrafter(store=store)
+    for toks in ([5, 6], [7, 8]):
+        s = seq([1, 2], group=u, runahead=True)
+        d.begin(s)
+        d.extend(s, toks)
+        d.end(s)
+        d.group_done(u)
+    d.close()
+    assert sorted(list(x.tokens) for x in store.read(u)) == [[2, 5, 6], [2, 7, 8]]
     store.close()

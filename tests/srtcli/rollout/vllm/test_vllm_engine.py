@@ -5,7 +5,7 @@ tokenizer and random weights: the bundled model's head size (40) is one vLLM's C
 lacks. Two engines are shared by the module (start-up is slow on CPU): plain and with the SRT
 proposer. Checked: greedy outputs with SRT drafts equal plain vLLM token for token while many
 drafts are accepted; a second run on the same cache accepts more; the cache written by one
-engine is read by the other (and both write the same trees); sampling with speculation on CPU
+engine is read by the other (and both store the same sequences); sampling with speculation on CPU
 is refused, sampling without it works. The last test builds a third engine with vLLM's own
 ngram proposer (`--draft ngram`): greedy outputs equal plain vLLM's, with drafts accepted.
 """
@@ -23,7 +23,7 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (it needs its own venv; see docs/vllm.md)")
 pytestmark = pytest.mark.slow  # vLLM engines take 30-50 s each to start on CPU
 
-from cache_store.store import CacheStore  # noqa: E402
+from cache_store.seqstore import LmdbSequenceStore  # noqa: E402
 from srtcli.errors import SrtError  # noqa: E402
 from srtcli.rollout.config import RolloutConfig  # noqa: E402
 from srtcli.rollout.driver import run_rollout  # noqa: E402
@@ -107,9 +107,10 @@ def _embedded(model_dir, prompts, cache, out) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _trees(cache: Path) -> dict:
-    with CacheStore.open(cache) as s:
-        return {uid: s.load(uid) for uid, _h, _m in s.scan()}
+def _stored(cache: Path) -> dict:
+    """Each prompt's stored sequences (in any order: the engines finish rows in other orders)."""
+    with LmdbSequenceStore.open(cache) as s:
+        return {uid: sorted(tuple(x.tokens) for x in s.read(uid)) for uid in s.uids()}
 
 
 def test_the_cache_crosses_engines_both_ways(llms, model_dir, prompts, tmp_path):
@@ -117,23 +118,20 @@ def test_the_cache_crosses_engines_both_ways(llms, model_dir, prompts, tmp_path)
     # vLLM writes, the embedded engine reads
     v = run_vllm(spec, opts(model_dir, prompts, tmp_path, cache_opt=str(tmp_path / "cv"),
                                           out=str(tmp_path / "v.jsonl")))
-    written_by_vllm = _trees(tmp_path / "cv")
+    written_by_vllm = _stored(tmp_path / "cv")
     e = _embedded(model_dir, prompts, tmp_path / "cv", tmp_path / "e.jsonl")
     assert e["cache_hit_rate"] == 1.0 and e["accepted_per_forward"] > 2.0
     assert outputs(e["pool"]) == outputs(v["pool"])  # same greedy tokens from both engines
     # the embedded engine writes, vLLM reads
     e0 = _embedded(model_dir, prompts, tmp_path / "ce", tmp_path / "e0.jsonl")
-    written_by_embedded = _trees(tmp_path / "ce")
+    written_by_embedded = _stored(tmp_path / "ce")
     v2 = run_vllm(spec, opts(model_dir, prompts, tmp_path, cache_opt=str(tmp_path / "ce"),
                                            out=str(tmp_path / "v2.jsonl")))
     assert v2["cache_hit_rate"] == 1.0 and v2["accepted_per_forward"] > 2.0
     assert e0["cache_hit_rate"] == 0.0
-    # one rollout each into an empty cache: the same trees, count for count
-    assert written_by_vllm.keys() == written_by_embedded.keys() and len(written_by_vllm) == N_PROMPTS
-    for uid, t in written_by_vllm.items():
-        o = written_by_embedded[uid]
-        assert (t.mass, t.nodes) == (o.mass, o.nodes)
-        assert t.to_bytes() == o.to_bytes()
+    # one rollout each into an empty cache: the same sequences, K per prompt
+    assert len(written_by_vllm) == N_PROMPTS and all(len(v) == K for v in written_by_vllm.values())
+    assert written_by_vllm == written_by_embedded
 
 
 def _check_old_logprobs(model_dir: Path, steps: list, temperature: float) -> None:

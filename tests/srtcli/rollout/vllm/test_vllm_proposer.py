@@ -1,6 +1,6 @@
 """The vLLM-side SRT proposer without vLLM: row tracking over vLLM's persistent batch arrays,
-the cache it writes (must equal what the embedded srt drafter writes for the same sequences,
-in a real LMDB), drafting limits, and the engine's option checks (CPU sampling refusal)."""
+the sequences it stores (must equal what the embedded srt drafter stores for the same
+sequences, in a real LMDB sequence store), drafting limits, and the engine's option checks (CPU sampling refusal)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cache_store.store import CacheStore
+from cache_store.seqstore import LmdbSequenceStore, load_tree
 from srtcli.rollout.drafters.srt import SrtDrafter
 from srtcli.rollout.engine.sequence import Sequence
 from srtcli.errors import SrtError
@@ -22,7 +22,8 @@ from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 
 EOS = 2
 MAX_NEW = 10
-PROMPTS = {"uid-a": [5, 6, 7], "uid-b": [5, 6, 7, 8, 9], "uid-c": [11, 12]}  # a is a prefix of b
+UID_A, UID_B, UID_C = "a" * 32, "b" * 32, "c" * 32
+PROMPTS = {UID_A: [5, 6, 7], UID_B: [5, 6, 7, 8, 9], UID_C: [11, 12]}  # a is a prefix of b
 
 
 def _outputs(rng: random.Random) -> list[tuple[str, list[int]]]:
@@ -75,7 +76,7 @@ def simulate(drafts: TreeDrafts, seqs: list[tuple[str, list[int]]], slots: int, 
     return proposals, drafts.finish()
 
 
-def embedded_fill(store: CacheStore, seqs: list[tuple[str, list[int]]]) -> None:
+def embedded_fill(store: LmdbSequenceStore, seqs: list[tuple[str, list[int]]]) -> None:
     """The embedded engine's drafter fed the same sequences (cut at eos / MAX_NEW as it does)."""
     d = SrtDrafter(store=store)
     for uid in PROMPTS:
@@ -91,19 +92,9 @@ def embedded_fill(store: CacheStore, seqs: list[tuple[str, list[int]]]) -> None:
     d.close()
 
 
-def _paths(seqs):
-    for uid, out in seqs:
-        full = [PROMPTS[uid][-1]] + out
-        for j in range(1, len(full) + 1):
-            yield uid, full[:j]
-
-
-def _same_cache(a: CacheStore, b: CacheStore, seqs) -> bool:
-    ta = {u: a.load(u) for u in PROMPTS}
-    tb = {u: b.load(u) for u in PROMPTS}
-    if any(ta[u].mass != tb[u].mass or ta[u].nodes != tb[u].nodes for u in PROMPTS):
-        return False
-    return all(ta[u].count(p) == tb[u].count(p) for u, p in _paths(seqs))
+def stored(store: LmdbSequenceStore) -> dict[str, list[tuple[int, ...]]]:
+    """Each prompt's stored sequences (in any order: rows finish in another order in vLLM)."""
+    return {u: sorted(tuple(x.tokens) for x in store.read(u)) for u in PROMPTS}
 
 
 class NoMoveTracking(TreeDrafts):
@@ -120,21 +111,21 @@ def _table(cache: Path | None) -> Table:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_cache_written_from_vllm_rows_equals_the_embedded_drafters(tmp_path, seed):
     seqs = _outputs(random.Random(seed))
-    with CacheStore.open(tmp_path / "emb") as emb, CacheStore.open(tmp_path / "vllm") as vs:
+    with LmdbSequenceStore.open(tmp_path / "emb") as emb, LmdbSequenceStore.open(tmp_path / "vllm") as vs:
         embedded_fill(emb, seqs)
         d = TreeDrafts(_table(tmp_path / "vllm"), budget=4, max_model_len=64, store=vs)
         simulate(d, seqs, slots=4, rng=random.Random(seed + 10))
-        assert _same_cache(emb, vs, seqs)
-        # the wrong variant double-counts moved rows, and the comparison sees it
-        with CacheStore.open(tmp_path / "wrong") as ws:
+        assert stored(vs) == stored(emb) and all(len(v) == 3 for v in stored(vs).values())
+        # the wrong variant stores moved rows twice, and the comparison sees it
+        with LmdbSequenceStore.open(tmp_path / "wrong") as ws:
             simulate(NoMoveTracking(_table(tmp_path / "wrong"), 4, 64, store=ws), seqs, 4, random.Random(seed + 10))
-            assert not _same_cache(emb, ws, seqs)
+            assert stored(ws) != stored(emb)
 
 
 def test_second_run_drafts_from_the_cache_and_drafts_respect_limits(tmp_path):
     rng = random.Random(3)
     seqs = _outputs(rng)
-    with CacheStore.open(tmp_path / "c") as store:
+    with LmdbSequenceStore.open(tmp_path / "c") as store:
         first = TreeDrafts(_table(tmp_path / "c"), budget=4, max_model_len=64, store=store)
         _, c0 = simulate(first, seqs, 4, random.Random(4))
         assert c0["groups"] == 3 and c0["hits"] == 0
@@ -144,14 +135,14 @@ def test_second_run_drafts_from_the_cache_and_drafts_respect_limits(tmp_path):
         assert sum(len(p) for step in props for p in step) == c2["drafted_tokens"] > 0
         assert all(len(p) <= 4 for step in props for p in step)
     # drafts are what followed the context in the stored tree, the most frequent path
-    with CacheStore.open(tmp_path / "c") as store:
+    with LmdbSequenceStore.open(tmp_path / "c") as store:
         d = TreeDrafts(_table(tmp_path / "c"), budget=3, max_model_len=64, store=store)
-        uid, out = next(s for s in seqs if s[0] == "uid-c" and EOS in s[1][:MAX_NEW])
+        uid, out = next(s for s in seqs if s[0] == UID_C and EOS in s[1][:MAX_NEW])
         ids = np.zeros((1, 64), dtype=np.int64)
         p = PROMPTS[uid]
         ids[0, : len(p) + 1] = p + out[:1]
         got = d.propose([[out[0]]], np.array([len(p) + 1]), ids)[0]
-        tree = store.load(uid)
+        tree = load_tree(store, uid)
         assert got == tree.draft([p[-1], out[0]], budget=3, min_prob=0.1).tokens
         # no room left before max_model_len: no draft
         short = TreeDrafts(_table(None), budget=3, max_model_len=len(p) + 2)
@@ -162,11 +153,11 @@ def test_rows_of_unknown_prompts_get_no_drafts_and_prefix_prompts_are_told_apart
     d = TreeDrafts(_table(None), budget=4, max_model_len=64)
     ids = np.zeros((3, 64), dtype=np.int64)
     ids[0, :4] = [99, 98, 97, 20]  # not a prompt srt submitted
-    ids[1, :6] = [5, 6, 7, 8, 9, 21]  # uid-b, though uid-a is a prefix of it
-    ids[2, :4] = [5, 6, 7, 22]  # uid-a
+    ids[1, :6] = [5, 6, 7, 8, 9, 21]  # prompt b, though prompt a is a prefix of it
+    ids[2, :4] = [5, 6, 7, 22]  # prompt a
     d.propose([[20], [21], [22]], np.array([4, 6, 4]), ids)
     assert d.c.unknown_rows == 1
-    assert d.rows[1].uid == "uid-b" and d.rows[2].uid == "uid-a"
+    assert d.rows[1].uid == UID_B and d.rows[2].uid == UID_A
     assert DEPTH == 64
 
 
@@ -208,7 +199,7 @@ def test_head_sizes_vllm_cpu_lacks_are_one_line_errors():
 
 def test_draft_length_adapts_to_what_the_row_accepted():
     d = TreeDrafts(_table(None), budget=4, max_model_len=64)
-    p = PROMPTS["uid-c"]
+    p = PROMPTS[UID_C]
     ids = np.zeros((2, 64), dtype=np.int64)
     a_out = [30, 31] * 6
     ids[0, : len(p) + len(a_out)] = p + a_out  # row 0 has generated 30 31 30 31 ...
@@ -238,7 +229,7 @@ def test_draft_length_adapts_to_what_the_row_accepted():
 @pytest.mark.parametrize("shared", [True, False])
 def test_a_row_drafts_from_the_run_wide_tree_as_the_embedded_drafter_does(shared):
     d = TreeDrafts(Table(None, PROMPTS, 3, MAX_NEW, [EOS], shared=shared), budget=4, max_model_len=64)
-    a, c = PROMPTS["uid-a"], PROMPTS["uid-c"]
+    a, c = PROMPTS[UID_A], PROMPTS[UID_C]
     ids = np.zeros((2, 64), dtype=np.int64)
     ids[0, : len(a) + 5] = a + [30, 31, 32, 33, 34]  # prompt a's row has generated 30 31 32 33 34
     ids[1, : len(c) + 1] = c + [30]  # prompt c's row: its own tree has nothing after 30
