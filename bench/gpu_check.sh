@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared GPU session for the rollout engine (its CUDA measurements), sized for
-# the workplace's lent H200 (15 minutes of device time; this script runs ~6 of them).
+# the workplace's lent H200 (15 minutes of device time; this script runs ~7 of them).
 #
 # What it does, in order, writing everything under $OUT (default /tmp/srt-gpu):
 #   1. installs the two packages the GPU image lacks (lmdb, zstandard) from carried wheels and
@@ -12,9 +12,15 @@
 #      windows and softcaps, against HF's own generate and forward on the same device; the
 #      engine's CUDA KV-memory check runs with them);
 #   3. runs bench/rollout_bench.py with the embedded engine on CUDA (bundled workload, K = 8,
-#      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs;
+#      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs; both runs
+#      include the `arctic` config (ArcticInference's SuffixDecoding) where arctic_inference is
+#      installed. The GPU image does not have it and the package index has no binary wheel of
+#      arctic-inference 0.3 for the image's Python, so there the bench prints one line and
+#      skips it, unless a wheel built for that Python (cp312) is put in .whl beside the others;
 #   4. profiles epoch 3 of none and srt (cProfile): on a GPU the 1.2M-parameter model leaves
-#      host Python as the likely bottleneck, and this says where it goes.
+#      host Python as the likely bottleneck, and this says where it goes;
+#   5. prints bench/proposer_bench.py (the vLLM proposer's host cost per row per step, 256 rows,
+#      1,000- and 8,192-token responses; CPU work, ~1 minute) on that machine's CPU.
 #
 # Prepare here (the GPU machine reaches no package index), once per checkout:
 #     echo /.whl/ >> .git/info/exclude
@@ -60,9 +66,13 @@ timeout 200 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --too
 
 step "rollout bench, $DEV, batch 8"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 16 --epochs 3 --tools -n 8 --max-new-tokens 96 \
-    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-adaptive,srt-tree,srt-tree-wide \
+    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-adaptive,srt-tree,srt-tree-wide,arctic \
     --json-out "$OUT/rollout_${DEV}_b8.json" 2>&1 | tee "$OUT/rollout_${DEV}_b8.log" | tail -20
 step "profile: where a step's time goes (host Python vs the model), none and srt, batch 32"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \
     --batch-size 32 --rollout-batch 8 --configs none,srt --profile "$OUT/profile_${DEV}_b32" 2>&1 | grep "^epoch 3"
+step "SRT proposer host cost per vLLM step (CPU only; printed beside the CUDA figures, no file)"
+for t in 1000 8192; do
+    timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens $t --steps 600 --own-tree 2>&1 | tail -6
+done
 step done  # 8 files in $OUT: the device tool brings back at most 8

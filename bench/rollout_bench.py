@@ -1,6 +1,7 @@
 """Speculative rollout benchmark: none / ngram / suffix / srt (with and without run-ahead), side
 by side in one invocation, three epochs over the same prompts with each drafter's cache kept
-between epochs, plus transformers' own batched `generate` as the outside reference.
+between epochs, plus transformers' own batched `generate` as the outside reference and
+ArcticInference's SuffixDecoding (`arctic`, bench/arctic_drafter.py) as the outside drafter.
 
     .venv/bin/python bench/rollout_bench.py                  # the bundled arith workload
     .venv/bin/python bench/rollout_bench.py --limit 32 --epochs 3 --max-new-tokens 96
@@ -9,8 +10,12 @@ Each configuration gets a fresh cache directory; within an epoch the configurati
 after the other (interleaved, so machine noise hits all alike). Reported: wall seconds,
 tokens/s, accepted tokens per sequence per forward, and ratios of tokens/s to `none` in the
 same epoch. Targets: epoch 1 srt costs <= 5% over none; at epoch 3 srt >= 2.5x none
-and >= 1.3x suffix; `none` at least as fast as HF generate. Not a test; timings are noisy on a
-shared machine.
+and >= 1.3x suffix; at epoch 3 srt >= 1.3x arctic in speed and >= 1.5x in forwards; `none` at
+least as fast as HF generate. Not a test; timings are noisy on a shared machine.
+
+`arctic` runs ArcticInference's own SuffixDecodingCache (the optional `bench` extra,
+`pip install -e '.[bench]'`) in the same embedded engine with the same verification, one cache
+object kept across the epochs; without arctic_inference it is skipped with a one-line note.
 
 `--engine vllm` runs the same rollouts through vLLM (srtcli.rollout.vllm.engine.VllmBackend): none,
 vLLM's built-in ngram proposer and the SRT proposer, one engine each, built once and kept across
@@ -53,6 +58,7 @@ CONFIGS = {
     "srt-tree": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=2),
     "srt-tree-wide": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=4),
     "srt-adaptive": dict(draft="srt", run_ahead=False, adaptive=True),
+    "arctic": dict(draft="arctic", run_ahead=False),  # bench/arctic_drafter.py, not an srt --draft
 }
 # `srt` takes the device's default draft length (adaptive on CPU, fixed on CUDA): the default
 # list adds the other policy beside it
@@ -225,15 +231,19 @@ def main() -> None:
             Path(args.json_out).write_text(json.dumps({"results": results}, indent=1))
         return
 
+    from srtcli.rollout.drafters import DRAFTERS
     from srtcli.rollout.embedded import resolve_device
 
     model = model_dir(args.model, work)
     names = args.configs.split(",") if args.configs else DEFAULT_CONFIGS[resolve_device(args.device)]
+    drafters = outside_drafters(names)
+    names = [n for n in names if CONFIGS[n]["draft"] in DRAFTERS or n in drafters]
     results: dict[str, list[dict]] = {n: [] for n in names}
     for epoch in range(1, args.epochs + 1):
         for name in names:
             o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / f"pool-{name}-{epoch}")
             o["seed"] = args.seed + epoch  # fresh samples every epoch, as in RL (never replay an epoch)
+            o["drafter"] = drafters.get(name)
             if args.profile and epoch == args.epochs and name in ("none", "srt"):
                 s = profiled(embedded_rollout, o, f"{args.profile}-{name}.txt")
             else:
@@ -257,13 +267,26 @@ def main() -> None:
         Path(args.json_out).write_text(json.dumps({"results": results, "hf_generate": ref}, indent=1))
 
 
-def embedded_rollout(**o) -> dict:
-    """One rollout through the embedded engine; its summary."""
+def outside_drafters(names: list[str]) -> dict:
+    """The drafter objects of the configs srt has no --draft for (`arctic`), each built once so
+    its cache lives across the epochs; a missing package skips its config with a note."""
+    from bench.arctic_drafter import ArcticDrafter, arctic_available
+
+    if "arctic" not in names:
+        return {}
+    if not arctic_available():
+        print("arctic: skipped (arctic_inference is not installed: pip install -e '.[bench]')")
+        return {}
+    return {"arctic": ArcticDrafter()}
+
+
+def embedded_rollout(drafter=None, **o) -> dict:
+    """One rollout through the embedded engine (drafting with `drafter` if given); its summary."""
     from srtcli.rollout.config import RolloutConfig
     from srtcli.rollout.driver import run_rollout
     from srtcli.rollout.embedded import EmbeddedBackend
 
-    return run_rollout(RolloutConfig(**o), EmbeddedBackend(o["device"]))
+    return run_rollout(RolloutConfig(**o), EmbeddedBackend(o["device"], drafter))
 
 
 def profiled(fn, o: dict, path: str) -> dict:
@@ -297,6 +320,9 @@ def report(results: dict, ref: dict, names: list[str], epochs: int) -> None:
             base = results["none"][e]["target_forwards"] if "none" in results else float("nan")
             row += f"  {f:6d} ({base / f:4.2f}x)"
         print(row)
+    if "srt" in results and "arctic" in results:
+        fwd = results["arctic"][-1]["target_forwards"] / results["srt"][-1]["target_forwards"]
+        print(f"epoch {epochs} srt vs arctic (forwards): {fwd:.2f}x fewer (target >= 1.5x)")
     for by in ("wall", "cpu"):
         print(f"\nspeed (tokens per {by} second) as a ratio to `none` in the same epoch; accepted tokens per forward")
         print(f"{'config':16s}" + "".join(f"  epoch {e}: x none | acc/fwd" for e in range(1, epochs + 1)))
@@ -321,6 +347,9 @@ def report(results: dict, ref: dict, names: list[str], epochs: int) -> None:
             if "suffix" in results:
                 print(f"epoch {epochs} srt vs suffix ({by}): "
                       f"{speed(srt[-1], by) / speed(results['suffix'][-1], by):.2f}x (target >= 1.3x)")
+            if "arctic" in results:
+                print(f"epoch {epochs} srt vs arctic ({by}): "
+                      f"{speed(srt[-1], by) / speed(results['arctic'][-1], by):.2f}x (target >= 1.3x)")
 
 
 if __name__ == "__main__":

@@ -49,10 +49,13 @@ def check_tree_attention(config: RolloutConfig, model: Any) -> None:
 
 
 class EmbeddedBackend:
-    """The embedded engine behind the driver (srtcli.rollout.driver `Backend`)."""
+    """The embedded engine behind the driver (srtcli.rollout.driver `Backend`). `drafter`, if
+    given, is used instead of the one --draft names (a benchmark's outside baseline, one object
+    kept across runs)."""
 
-    def __init__(self, device: str = "auto"):
+    def __init__(self, device: str = "auto", drafter: Any = None):
         self.device = resolve_device(device)  # a missing GPU is one line before anything is written
+        self.given_drafter = drafter
         self.drafter: Any = None
         self.engine: Any = None
 
@@ -95,7 +98,7 @@ class EmbeddedBackend:
 
         c, model = self.config, self.model
         self.store = store
-        self.drafter = make_drafter_for(c, store)
+        self.drafter = self.given_drafter if self.given_drafter is not None else make_drafter_for(c, store)
         stop_fn = turn_end = None
         if c.tool != "none":
             stop_fn, turn_end = tool_hooks(self.tok, c.tool)

@@ -46,10 +46,17 @@ def best_draft(tree: SuffixTree, shared: TokenTree | None, ctx: list[int], budge
     the context and the trees only, so verification stays exact."""
     best = tree.draft(ctx, budget=budget, min_prob=min_prob)
     if shared is not None:
-        other = shared.draft(ctx[-SHARED_DEPTH:], budget=budget, min_prob=min_prob)
-        if expected_length(other.probs) > expected_length(best.probs):
+        other = prefer_shared(best, shared, ctx[-SHARED_DEPTH:], budget, min_prob)
+        if other is not best:
             return shared, other
     return tree, best
+
+
+def prefer_shared(own: Any, shared: TokenTree, ctx: list[int], budget: int, min_prob: float) -> Any:
+    """The run-wide tree's draft after `ctx` if it expects to be accepted for longer than the
+    prompt tree's `own` draft, else `own`."""
+    other = shared.draft(ctx, budget=budget, min_prob=min_prob)
+    return other if expected_length(other.probs) > expected_length(own.probs) else own
 
 
 class SrtDrafter(Drafter):

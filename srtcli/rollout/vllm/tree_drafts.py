@@ -8,9 +8,11 @@ list of draft ids per row. Drafts carry no probabilities, so vLLM verifies them 
 drafter's `--draft-mode greedy`.
 
 The hook passes no request ids, and rows move (vLLM condenses its batch when requests end), so
-each row's sequence is recognised by its tokens: a row continues a sequence it tracked if it
-starts with every token that sequence had; otherwise it is a new sequence, whose prompt is
-found by its leading tokens (longest prompt first) in the prompt table. The trees are the
+each row's sequence is recognised by its tokens, reading only what a step changed: a row
+continues a sequence it tracked if it is at least as long as the sequence was and holds the
+same `TAIL` tokens before that length (one gather for the whole batch; a step costs the new
+tokens, not the response length); otherwise it is a sequence that moved there, or a new one,
+whose prompt is found by its leading tokens (longest prompt first) in the prompt table. The trees are the
 embedded drafter's (`srtcli.rollout.drafters.group_trees.GroupTrees`): each sequence is
 streamed into them up to and including eos or `max_new_tokens`; when all K samples of a prompt
 are done its new sequences are appended to the store (batched). A tracked sequence that leaves the batch without
@@ -26,19 +28,24 @@ from typing import Any, Sequence
 import numpy as np
 
 from srtcli.rollout.drafters.draft_length import next_draft_length
-from srtcli.rollout.drafters.group_trees import DEPTH, Group, GroupTrees
+from srtcli.rollout.drafters.group_trees import DEPTH, SHARED_DEPTH, Group, GroupTrees
 # pick drafts exactly as the embedded drafter does
-from srtcli.rollout.drafters.srt import best_draft
+from srtcli.rollout.drafters.srt import prefer_shared
 from srtcli.rollout.vllm.table import Table
+
+# tokens before a row's known length that recognise it (with the length) next step: as many as a
+# draft reads, so only rows that end alike as far as a draft looks can be taken for each other
+TAIL = DEPTH
 
 
 @dataclass
 class _Seq:
     uid: str
     plen: int
-    seen: np.ndarray  # every token of the row inserted (or skipped) so far
-    streams: tuple
+    seen: int  # tokens of the row inserted (or skipped) so far: the row's length last step
+    streams: tuple  # the group tree's stream first: it drafts without looking the context up
     group: Group  # its own reference: a retired group's sequence can still draft
+    tail: Any = None  # the row's last `TAIL` tokens before `seen` (what recognises the row)
     last_draft: list = field(default_factory=list)  # what we proposed for the next step
     spec_len: int = -1  # adaptive draft length (-1: not started, = budget)
     done: bool = False  # eos or max_new_tokens reached: it takes no more tokens
@@ -60,6 +67,11 @@ class Counters:
     extra: dict = field(default_factory=dict)
 
 
+def tail_positions(seen: np.ndarray) -> np.ndarray:
+    """Per row, the `TAIL` positions just before its `seen` (clipped at 0), to gather at once."""
+    return np.maximum(seen[:, None] - TAIL + np.arange(TAIL), 0)
+
+
 class TreeDrafts:
     """The proposer's state over one rollout: the prompt table, the tracked rows, the trees."""
 
@@ -73,6 +85,7 @@ class TreeDrafts:
         self.lengths = sorted(self.by_len, reverse=True)  # longest prompt first
         self.trees = GroupTrees(store, table.shared, commit_every, writer)
         self.rows: dict[int, _Seq] = {}
+        self.tails = np.zeros((0, TAIL), dtype=np.int64)  # each row's `_Seq.tail`, in one array
         self.c = Counters()
 
     # --- identification -------------------------------------------------------------------
@@ -88,12 +101,11 @@ class TreeDrafts:
         g = self.trees.group(uid)
         self.trees.count(g)
         prompt = self.table.prompts[uid]
-        return _Seq(uid, len(prompt), np.asarray(prompt, dtype=np.int64), self.trees.streams(g, prompt[-1]), g)
+        return _Seq(uid, len(prompt), len(prompt), self.trees.streams(g, prompt[-1]), g)
 
     @staticmethod
     def _continues(s: _Seq, row: np.ndarray, n: int) -> bool:
-        m = len(s.seen)
-        return not s.ended and n >= m and np.array_equal(row[:m], s.seen)
+        return not s.ended and n >= s.seen and np.array_equal(row[tail_positions(np.array([s.seen]))[0]], s.tail)
 
     def _moved(self, free: dict[int, _Seq], row: np.ndarray, n: int) -> _Seq | None:
         """A tracked sequence that now sits in another row (vLLM condensed its batch)."""
@@ -112,16 +124,27 @@ class TreeDrafts:
             return None
         return self._new_seq(uid)
 
+    def _kept(self, rows: int, num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray) -> list[int]:
+        """The rows (< `rows`) still holding last step's sequence: as long as they were or longer,
+        with the same `TAIL` tokens before that length; one gather for the whole batch."""
+        slots = np.fromiter(self.rows, np.int64, len(self.rows))
+        live = slots < rows
+        if not live.any():
+            return []
+        slots, tails = slots[live], self.tails[live]
+        seen = np.fromiter((s.seen for s in self.rows.values()), np.int64, len(self.rows))[live]
+        same = (token_ids_cpu[slots[:, None], tail_positions(seen)] == tails).all(1)
+        # in row order: rows are fed (and see each other's tokens) in the order vLLM keeps them
+        return np.sort(slots[same & (np.asarray(num_tokens_no_spec)[slots] >= seen)]).tolist()
+
     def _track(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                token_ids_cpu: np.ndarray) -> dict[int, _Seq]:
         """Row -> the sequence it holds now; a tracked sequence no row holds any more is ended."""
         prev, cur = self.rows, {}
         free = {id(s): s for s in prev.values()}
-        for i in range(len(sampled_token_ids)):  # rows that kept their sequence
-            s = prev.get(i)
-            if s is not None and self._continues(s, token_ids_cpu[i], int(num_tokens_no_spec[i])):
-                cur[i] = s
-                free.pop(id(s), None)
+        for i in self._kept(len(sampled_token_ids), num_tokens_no_spec, token_ids_cpu):
+            cur[i] = prev[i]  # rows that kept their sequence
+            free.pop(id(prev[i]), None)
         for i in range(len(sampled_token_ids)):  # moved rows, then new sequences
             if i in cur or not len(sampled_token_ids[i]):  # still prefilling: nothing sampled yet
                 continue
@@ -132,6 +155,14 @@ class TreeDrafts:
             self._end(s)
         return cur
 
+    def _remember(self, token_ids_cpu: np.ndarray) -> None:
+        """Note each tracked row's length and the tokens before it, for the next step."""
+        slots = np.fromiter(self.rows, np.int64, len(self.rows))
+        seen = np.fromiter((s.seen for s in self.rows.values()), np.int64, len(self.rows))
+        self.tails = token_ids_cpu[slots[:, None], tail_positions(seen)]  # in the order of `rows`
+        for s, t in zip(self.rows.values(), self.tails):
+            s.tail = t
+
     # --- the hook -----------------------------------------------------------------------------
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray) -> list[list[int]]:
@@ -140,54 +171,71 @@ class TreeDrafts:
         self.c.row_forwards += sum(1 for t in sampled_token_ids if len(t))
         self.rows = self._track(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         out: list[list[int]] = [[] for _ in range(len(sampled_token_ids))]
+        nums = np.asarray(num_tokens_no_spec)[:len(out)].tolist()
         for i, s in self.rows.items():
-            n = int(num_tokens_no_spec[i])
-            self._feed(s, token_ids_cpu[i], n)
+            row, n = token_ids_cpu[i], nums[i]
+            self._feed(s, row, n)
             if len(sampled_token_ids[i]) and not s.done:
-                out[i] = s.last_draft = self._draft(s, token_ids_cpu[i], n)
+                out[i] = s.last_draft = self._draft(s, row, n)
+        self._remember(token_ids_cpu)
         if self.trees.flush_if_due():
             self.c.commits += 1
         return out
 
     def _feed(self, s: _Seq, row: np.ndarray, n: int) -> None:
-        m = len(s.seen)
-        if n <= m or s.done:
+        if n <= s.seen or s.done:
             return
-        new = row[m:n].tolist()
-        if s.last_draft:  # kept drafts come first; the next token is vLLM's correction or bonus
-            a = 0
-            while a < min(len(new), len(s.last_draft)) and new[a] == s.last_draft[a]:
-                a += 1
-            self.c.accepted_tokens += a
-            if self.table.adaptive:
-                s.spec_len = next_draft_length(s.spec_len, self.budget, len(s.last_draft), a)
-            s.last_draft = []
-        left = self.table.max_new_tokens - (m - s.plen)
-        keep = new[:max(left, 0)]
-        for j, t in enumerate(keep):
-            if t in self.eos:
-                keep = keep[: j + 1]
+        new = row[s.seen:n].tolist()
+        if s.last_draft:
+            self._verified(s, new)
+        self._take(s, new)
+        s.seen = n
+
+    def _verified(self, s: _Seq, new: list[int]) -> None:
+        """Count the kept drafts (they come first; the next token is vLLM's correction or bonus)
+        and adapt the draft length."""
+        a = 0
+        for t, d in zip(new, s.last_draft):
+            if t != d:
                 break
+            a += 1
+        self.c.accepted_tokens += a
+        if self.table.adaptive:
+            s.spec_len = next_draft_length(s.spec_len, self.budget, len(s.last_draft), a)
+        s.last_draft = []
+
+    def _take(self, s: _Seq, new: list[int]) -> None:
+        """Stream the row's new tokens up to and including eos or `max_new_tokens`."""
+        left = self.table.max_new_tokens - (s.seen - s.plen)
+        keep = new if left >= len(new) else new[:max(left, 0)]
+        if not self.eos.isdisjoint(keep):
+            keep = keep[: next(j for j, t in enumerate(keep) if t in self.eos) + 1]
         for st in s.streams:
             st.extend(keep)
-        s.seen = np.concatenate([s.seen, np.asarray(new, dtype=np.int64)])
-        capped = m - s.plen + len(keep) >= self.table.max_new_tokens
+        capped = s.seen - s.plen + len(keep) >= self.table.max_new_tokens
         if len(keep) < len(new) or (keep and keep[-1] in self.eos) or capped:
             s.done = True
 
-    def _draft(self, s: _Seq, row: np.ndarray, n: int) -> list[int]:
-        self.c.rows += 1
+    def _room(self, s: _Seq, n: int) -> int:
         if s.spec_len < 0:
             s.spec_len = self.budget
-        room = min(s.spec_len, self.max_model_len - n - 1, self.table.max_new_tokens - (n - s.plen) - 1)
+        return min(s.spec_len, self.max_model_len - n - 1, self.table.max_new_tokens - (n - s.plen) - 1)
+
+    def _draft(self, s: _Seq, row: np.ndarray, n: int) -> list[int]:
+        """The most frequent path after the row's last tokens: the group tree's stream holds
+        exactly the row's output (anchor first) while it drafts, so it drafts without a lookup."""
+        self.c.rows += 1
+        room = self._room(s, n)
         if room <= 0:
             return []
-        ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(DEPTH - 1):].tolist()
-        toks = best_draft(s.group.tree, self.trees.shared, ctx, room, self.table.min_prob)[1].tokens
-        if toks:
+        best = s.streams[0].draft(room, self.table.min_prob)
+        if self.trees.shared is not None:
+            ctx = row[max(s.plen - 1, n - SHARED_DEPTH):n].tolist()
+            best = prefer_shared(best, self.trees.shared, ctx, room, self.table.min_prob)
+        if best.tokens:
             self.c.drafted_rows += 1
-            self.c.drafted_tokens += len(toks)
-        return list(toks)
+            self.c.drafted_tokens += len(best.tokens)
+        return best.tokens
 
     # --- ending -------------------------------------------------------------------------------
     def _end(self, s: _Seq) -> None:
@@ -207,7 +255,7 @@ class TreeDrafts:
         """End every tracked sequence and group, append, return and reset the counters."""
         for s in self.rows.values():
             self._end(s)
-        self.rows = {}
+        self.rows, self.tails = {}, self.tails[:0]
         for uid in list(self.trees.groups):
             self.trees.retire(uid)
         self.flush()

@@ -1,0 +1,215 @@
+"""The proposer's incremental row tracking (a row is recognised by its length and the tokens
+before it) gives the same drafts and stores the same sequences as recognising every row by
+its whole token row, on random vLLM-like step sequences: rows that move (condense, swaps),
+preempted requests that come back, finished rows (eos, junk after eos, the length cap), rows
+of prompts the table does not know, a prompt that is a prefix of another, a shrinking batch."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from cache_store.seqstore import LmdbSequenceStore
+from srtcli.rollout.drafters.group_trees import DEPTH
+from srtcli.rollout.drafters.srt import best_draft
+from srtcli.rollout.vllm.table import Table
+from srtcli.rollout.vllm.tree_drafts import TreeDrafts
+
+EOS, MAX_NEW, WIDTH = 2, 40, 96
+PROMPTS = {"a" * 32: [5, 6, 7], "b" * 32: [5, 6, 7, 8, 9], "c" * 32: [11, 12], "d" * 32: [13, 14, 15, 16]}
+UNKNOWN = [99, 98, 97]
+
+
+class WholeRowTracking(TreeDrafts):
+    """The reference: a row continues a sequence if it starts with every token the sequence
+    had (the whole row compared every step, the history concatenated), drafts looked up from
+    the row's last tokens in the group's tree."""
+
+    def _seen(self, s) -> np.ndarray:
+        if not hasattr(s, "hist"):  # every token of the row seen so far
+            s.hist = np.asarray(self.table.prompts[s.uid], dtype=np.int64)
+        return s.hist
+
+    def _continues(self, s, row, n) -> bool:
+        m = len(self._seen(s))
+        return not s.ended and n >= m and np.array_equal(row[:m], self._seen(s))
+
+    def _moved(self, free, row, n):
+        return next((s for s in free.values() if self._continues(s, row, n)), None)
+
+    def _track(self, sampled, num, ids):
+        prev, cur = self.rows, {}
+        free = {id(s): s for s in prev.values()}
+        for i in range(len(sampled)):
+            s = prev.get(i)
+            if s is not None and self._continues(s, ids[i], int(num[i])):
+                cur[i] = s
+                free.pop(id(s), None)
+        for i in range(len(sampled)):
+            if i in cur or not len(sampled[i]):
+                continue
+            s = self._arrived(free, ids[i], int(num[i]))
+            if s is not None:
+                cur[i] = s
+        for s in free.values():
+            self._end(s)
+        return cur
+
+    def _remember(self, ids) -> None:
+        pass
+
+    def _feed(self, s, row, n) -> None:
+        seen = self._seen(s)
+        if n <= len(seen) or s.done:
+            return
+        new = row[len(seen):n].tolist()
+        if s.last_draft:
+            self._verified(s, new)
+        self._take(s, new)
+        s.hist = np.concatenate([seen, np.asarray(new, dtype=np.int64)])
+        s.seen = n
+
+    def _draft(self, s, row, n):
+        self.c.rows += 1
+        room = self._room(s, n)
+        if room <= 0:
+            return []
+        ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(DEPTH - 1):].tolist()
+        toks = best_draft(s.group.tree, self.trees.shared, ctx, room, self.table.min_prob)[1].tokens
+        if toks:
+            self.c.drafted_rows += 1
+            self.c.drafted_tokens += len(toks)
+        return list(toks)
+
+
+def requests(rng: random.Random, n: int) -> list[list]:
+    """[prompt ids, output] per request: K=3 per known prompt, copies of a few paths over a
+    small vocabulary (rows often share their last tokens), some ended by eos (junk after it),
+    some past the cap, and rows of an unknown prompt."""
+    out = []
+    for uid, p in list(PROMPTS.items()) * (n // 12 + 1):
+        path = [rng.randrange(20, 26) for _ in range(MAX_NEW + 20)]
+        for _ in range(3):
+            o = [t if rng.random() > 0.1 else rng.randrange(20, 26) for t in path[: rng.randint(1, MAX_NEW + 12)]]
+            if rng.random() < 0.4:
+                o = o[: rng.randint(0, len(o))] + [EOS, 33]
+            out.append([list(p), o])
+    out += [[list(UNKNOWN), [rng.randrange(20, 26) for _ in range(8)]] for _ in range(3)]
+    rng.shuffle(out)
+    return out
+
+
+class Steps:
+    """vLLM's persistent batch over `requests`: prefill steps that sample nothing, 1-4 kept
+    tokens a step, finished requests leaving (new ones take the lowest free rows, the last rows
+    fill the other holes), rows swapped (vLLM reorders its batch), preempted requests going
+    back to the queue and returning as prompt + what they had kept."""
+
+    def __init__(self, rng: random.Random, reqs: list[list], slots: int):
+        self.rng, self.waiting, self.slots = rng, reqs, slots
+        self.ids = np.zeros((slots, WIDTH), dtype=np.int64)
+        self.num = np.zeros(slots, dtype=np.int64)
+        self.rows: list[list] = []  # [prompt, output, kept, prefilled]
+
+    def admit(self, i: int) -> None:
+        p, o, kept = (self.waiting.pop(0) + [0])[:3]
+        self.ids[i] = 0
+        self.ids[i, : len(p) + kept] = p + o[:kept]
+        self.num[i] = len(p) + kept
+        if i == len(self.rows):
+            self.rows.append(None)
+        self.rows[i] = [p, o, kept, False]
+
+    def sampled(self) -> list[list[int]]:
+        out = []
+        for i, r in enumerate(self.rows):
+            if not r[3]:
+                r[3] = True
+                out.append([])
+                continue
+            take = r[1][r[2]: r[2] + self.rng.randint(1, 4)]
+            self.ids[i, self.num[i]: self.num[i] + len(take)] = take
+            self.num[i] += len(take)
+            r[2] += len(take)
+            out.append(take)
+        return out
+
+    def reshape(self) -> None:
+        rows, rng = self.rows, self.rng
+        holes = [i for i, r in enumerate(rows) if r[2] >= len(r[1])]
+        for i in [i for i in range(len(rows)) if i not in holes and rng.random() < 0.03]:
+            self.waiting.insert(rng.randint(0, len(self.waiting)), rows[i][:3])  # preempted
+            holes.append(i)
+        holes.sort()
+        while holes and self.waiting and rng.random() < 0.7:
+            self.admit(holes.pop(0))
+        for i in sorted(holes, reverse=True):  # condense
+            last = len(rows) - 1
+            self.ids[i], self.num[i], rows[i] = self.ids[last], self.num[last], rows[last]
+            rows.pop()
+        while self.waiting and len(rows) < self.slots and rng.random() < 0.8:
+            self.admit(len(rows))
+        if len(rows) > 1 and rng.random() < 0.2:  # reorder: swap two rows
+            i, j = rng.sample(range(len(rows)), 2)
+            self.ids[[i, j]], self.num[[i, j]] = self.ids[[j, i]], self.num[[j, i]]
+            rows[i], rows[j] = rows[j], rows[i]
+
+
+def drive(drafts: TreeDrafts, seed: int, slots: int) -> tuple[list, dict]:
+    rng = random.Random(seed)
+    steps = Steps(rng, requests(rng, 24), slots)
+    proposals = []
+    while steps.waiting or steps.rows:
+        if not steps.rows:
+            steps.admit(0)
+        sampled = steps.sampled()
+        proposals.append(drafts.propose(sampled, steps.num.copy(), steps.ids.copy()))
+        steps.reshape()
+    return proposals, drafts.finish()
+
+
+def stored(store: LmdbSequenceStore) -> dict[str, list[tuple[int, ...]]]:
+    return {u: sorted(tuple(x.tokens) for x in store.read(u)) for u in PROMPTS}
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("shared", [True, False])
+def test_incremental_tracking_drafts_and_stores_what_whole_row_tracking_does(tmp_path, seed, shared):
+    table = Table(None, PROMPTS, 3, MAX_NEW, [EOS], shared=shared)
+    got, want = {}, {}
+    for name, cls, out in (("new", TreeDrafts, got), ("ref", WholeRowTracking, want)):
+        table.cache = str(tmp_path / name)
+        with LmdbSequenceStore.open(tmp_path / name) as store:
+            out["drafts"], out["counts"] = drive(cls(table, 4, WIDTH - 8, store=store, commit_every=2), seed, 5)
+            out["stored"] = stored(store)
+    assert got["drafts"] == want["drafts"]
+    assert got["stored"] == want["stored"] and got["counts"] == want["counts"]
+    assert want["counts"]["drafted_tokens"] > 0 and want["counts"]["unknown_rows"] > 0
+
+
+def test_a_row_whose_tokens_before_its_length_changed_is_not_taken_for_the_same_sequence():
+    d = TreeDrafts(Table(None, PROMPTS, 3, MAX_NEW, [EOS]), 4, WIDTH - 8)
+    p = PROMPTS["c" * 32]
+    ids = np.zeros((1, WIDTH), dtype=np.int64)
+    ids[0, : len(p) + 3] = p + [20, 21, 22]
+    d.propose([[20, 21, 22]], np.array([len(p) + 3]), ids)
+    first = d.rows[0]
+    ids[0, len(p) + 1] = 25  # another sequence of the prompt, as long, now in the row
+    ids[0, len(p) + 3] = 23
+    d.propose([[25, 22, 23]], np.array([len(p) + 4]), ids)
+    assert d.rows[0] is not first and first.ended
+
+
+def test_rows_after_a_finished_batch_are_new_sequences_of_the_next():
+    d = TreeDrafts(Table(None, PROMPTS, 3, MAX_NEW, [EOS]), 4, WIDTH - 8)
+    p = PROMPTS["c" * 32]
+    ids = np.zeros((2, WIDTH), dtype=np.int64)
+    ids[:, : len(p) + 2] = p + [20, 21]
+    d.propose([[20, 21], [20, 21]], np.array([len(p) + 2] * 2), ids)
+    first = d.finish()
+    assert first["rows"] == 2 and d.rows == {}
+    ids[0, len(p) + 2] = 22  # the next generate: the same prompt in row 0, one row
+    d.propose([[20, 21, 22]], np.array([len(p) + 3]), ids)
+    assert d.rows[0].seen == len(p) + 3 and not d.rows[0].ended and d.c.rows == 1
