@@ -16,6 +16,8 @@ back to the model's full logits, still scored once per distinct pair.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.utils.checkpoint import checkpoint
 
@@ -73,6 +75,19 @@ def _pairs(row: PackedRow) -> tuple[torch.Tensor, torch.Tensor]:
     return dst[order], src[order]
 
 
+def _row_states(model: torch.nn.Module, row: PackedRow, backend: str) -> tuple[torch.Tensor, Any]:
+    """One tree-attention forward of the whole row: the final hidden states and the LM head
+    that scores them, or the full logits and no head for models that post-process logits."""
+    device = next(model.parameters()).device
+    ids = row.input_ids.to(device)[None]
+    pos = row.position_ids.to(device)[None]
+    base, head = head_split(model)
+    with tree_attention(model, row.subtree_end, row.position_ids, backend):
+        if base is not None:
+            return base(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0], head
+        return model(input_ids=ids, position_ids=pos, use_cache=False).logits[0], head
+
+
 def row_logprobs(
     model: torch.nn.Module,
     row: PackedRow,
@@ -86,14 +101,7 @@ def row_logprobs(
     entropies[i][j] is the entropy of the distribution that predicts token j+1.
     """
     device = next(model.parameters()).device
-    ids = row.input_ids.to(device)[None]
-    pos = row.position_ids.to(device)[None]
-    base, head = head_split(model)
-    with tree_attention(model, row.subtree_end, row.position_ids, backend):
-        if base is not None:
-            states = base(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state[0]
-        else:
-            states = model(input_ids=ids, position_ids=pos, use_cache=False).logits[0]
+    states, head = _row_states(model, row, backend)
     dst, src = _pairs(row)
     uniq, local_all = torch.unique_consecutive(src, return_inverse=True)
     tok_all = row.input_ids[dst]

@@ -195,26 +195,8 @@ def open_seq_env(path: Path, create: bool, readonly: bool, half_life: float, flo
         _registry.pop(key)
         h.env.close()
         _close_lock(h.lock_fd)
-    if path.exists() and not path.is_dir():
-        raise NotACacheError(f"{path}: not a directory (a cache is a directory)")
-    fresh = not (path / "data.mdb").exists()
-    if fresh and (readonly or not create):
-        raise NotACacheError(f"{path}: no srt cache here")
-    if fresh and path.exists() and any(p.name not in (LOCK_NAME, "lock.mdb") for p in path.iterdir()):
-        raise NotACacheError(f"{path}: not an srt cache (no data.mdb)")
-    if not fresh:
-        _probe(path)
-    lock_fd = None
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        lock_fd = _shared_lock(path, readonly)
-        env = _lmdb_open(path, readonly and not fresh)
-    except OSError as e:
-        _close_lock(lock_fd)
-        raise CacheError(f"{path}: cannot open the cache: {e.strerror or e}") from None
-    except BaseException:
-        _close_lock(lock_fd)
-        raise
+    fresh = _check_target(path, create, readonly)
+    env, lock_fd = _open_locked(path, readonly, fresh)
     try:
         if fresh:
             _init(env, half_life, floor)
@@ -227,6 +209,36 @@ def open_seq_env(path: Path, create: bool, readonly: bool, half_life: float, flo
         raise
     h = _registry[key] = SeqEnv(path=path, env=env, dbs=dbs, readonly=readonly, lock_fd=lock_fd)
     return h
+
+
+def _check_target(path: Path, create: bool, readonly: bool) -> bool:
+    """Refuse what is not a store (before anything is created or locked); True if a new
+    store is to be made at `path`."""
+    if path.exists() and not path.is_dir():
+        raise NotACacheError(f"{path}: not a directory (a cache is a directory)")
+    fresh = not (path / "data.mdb").exists()
+    if fresh and (readonly or not create):
+        raise NotACacheError(f"{path}: no srt cache here")
+    if fresh and path.exists() and any(p.name not in (LOCK_NAME, "lock.mdb") for p in path.iterdir()):
+        raise NotACacheError(f"{path}: not an srt cache (no data.mdb)")
+    if not fresh:
+        _probe(path)
+    return fresh
+
+
+def _open_locked(path: Path, readonly: bool, fresh: bool) -> tuple[lmdb.Environment, int | None]:
+    """The LMDB environment under this process's shared lock on `srt.lock`."""
+    lock_fd = None
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        lock_fd = _shared_lock(path, readonly)
+        return _lmdb_open(path, readonly and not fresh), lock_fd
+    except OSError as e:
+        _close_lock(lock_fd)
+        raise CacheError(f"{path}: cannot open the cache: {e.strerror or e}") from None
+    except BaseException:
+        _close_lock(lock_fd)
+        raise
 
 
 def _shared_lock(path: Path, readonly: bool) -> int | None:
