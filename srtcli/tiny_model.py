@@ -18,8 +18,26 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# The same ChatML with tools, Hermes-style (as Qwen2.5's): the tool schemas as JSON lines in a
+# system turn, calls as <tool_call>{"name", "arguments"}</tool_call> inside the assistant turn,
+# each result as a `tool` turn wrapping <tool_response>...</tool_response>.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n{% endif %}"
+    "Tools:\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}"
+    "Call a tool as <tool_call>{\"name\": NAME, \"arguments\": ARGS}</tool_call>.<|im_end|>\n{% endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and tools %}"
+    "{% elif message['role'] == 'tool' %}<|im_start|>tool\n<tool_response>{{ message['content'] }}</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "{%- for call in message.get('tool_calls') or [] %}<tool_call>"
+    "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}</tool_call>"
+    "{%- endfor %}<|im_end|>\n{% endif %}"
+    "{%- endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 SPECIAL = ["<|pad|>", "<|im_start|>", "<|im_end|>"]
 TAGS = ["<calc>", "</calc>", "<result>", "</result>", "<answer>", "</answer>"]
+TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
 
 
 def tiny_model(kind: str = "qwen2", vocab: int = 48, seed: int = 0, hidden: int = 32, max_positions: int = 512,
@@ -45,22 +63,24 @@ def tiny_model(kind: str = "qwen2", vocab: int = 48, seed: int = 0, hidden: int 
     return model.float().eval()
 
 
-def chat_tokenizer(path: Path) -> Any:
+def chat_tokenizer(path: Path, tools: bool = False) -> Any:
     """A character-level HF tokenizer built with the `tokenizers` library, with chat markers
-    and the calculator's tags as whole tokens; saved to `path`."""
+    and the calculator's tags as whole tokens; saved to `path`. With `tools`, the tool-call tags
+    are whole tokens too and the chat template is `TOOL_CHAT_TEMPLATE`."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    tags = TAGS + (TOOL_TAGS if tools else [])
     chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    vocab = {t: i for i, t in enumerate(SPECIAL + TAGS + chars)}
+    vocab = {t: i for i, t in enumerate(SPECIAL + tags + chars)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<|pad|>"))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tok.add_special_tokens(SPECIAL)
-    tok.add_tokens(TAGS)
+    tok.add_tokens(tags)
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|pad|>",
-                                 model_max_length=256)
-    hf.chat_template = CHAT_TEMPLATE
+                                 model_max_length=256 if not tools else 2048)
+    hf.chat_template = TOOL_CHAT_TEMPLATE if tools else CHAT_TEMPLATE
     hf.save_pretrained(str(path))
     return hf
 

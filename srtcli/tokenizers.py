@@ -71,15 +71,16 @@ def tokenizer_fingerprint(tok: Any) -> str:
     return "tok1-" + hashlib.blake2b(blob.encode(), digest_size=12).hexdigest()
 
 
-def encode_prompt(tok: Any, prompt: str | list[dict[str, str]]) -> list[int]:
-    """A prompt's ids: chat template with add_generation_prompt=True (see the module doc)."""
+def encode_prompt(tok: Any, prompt: str | list[dict[str, str]], tools: list[dict] | None = None) -> list[int]:
+    """A prompt's ids: chat template with add_generation_prompt=True (see the module doc), showing
+    the model `tools` (JSON schemas) when given."""
     template = getattr(tok, "chat_template", None)
     if isinstance(prompt, str) and not template:
         return list(tok(prompt, add_special_tokens=True)["input_ids"])
     if not template:
         raise ValueError("the prompt is a list of chat messages but the tokenizer has no chat template")
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-    text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    text = tok.apply_chat_template(messages, tools=tools or None, add_generation_prompt=True, tokenize=False)
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 

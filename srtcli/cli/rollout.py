@@ -61,8 +61,20 @@ from srtcli.rollout.drafters import DRAFTERS
                    "slow the real work (docs/benchmarks.md)].")
 @click.option("--run-ahead-tokens", type=click.IntRange(min=1), default=default("run_ahead_tokens"),
               show_default=True)
-@click.option("--tools", type=click.Choice(["calculator", "none"]), default=default("tools"),
-              help="Tool to run on tool calls [default: calculator for the bundled model, else none].")
+@click.option("--tools", default=default("tools"),
+              help="Tools the model may call: calculator, python (sandboxed), none, or MODULE:NAME / FILE.py:NAME "
+              "(a function, a list of functions, or an environment class; docs/rollout.md) "
+              "[default: calculator for the bundled model, else none].")
+@click.option("--max-turns", type=click.IntRange(min=1), default=default("max_turns"), show_default=True,
+              help="Model turns per trajectory (a tool call opens the next one).")
+@click.option("--max-tool-tokens", type=click.IntRange(min=1), default=default("max_tool_tokens"),
+              show_default=True, help="Tokens of one tool result the model sees (the rest is cut).")
+@click.option("--max-context", type=click.IntRange(min=0), default=default("max_context"), show_default=True,
+              help="Tokens per trajectory: prompt, turns and tool results (0 = the model's context).")
+@click.option("--tool-timeout", type=click.FloatRange(min=0.0, min_open=True), default=default("tool_timeout"),
+              show_default=True, help="Seconds one tool call may run before it returns an error result.")
+@click.option("--tool-workers", type=click.IntRange(min=0), default=default("tool_workers"), show_default=True,
+              help="Tool calls run at once, off the engine (0 = in the engine's thread: reproducible, slower).")
 @click.option("--reward", default=default("reward"), help="exact_match or MODULE:FN (default: exact_match when "
               "every prompt has an `answer`, else 0).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=default("device"), show_default=True)

@@ -39,6 +39,11 @@ class RolloutConfig:
     run_ahead: bool | None = None  # None: by device (`run_ahead_on`)
     run_ahead_tokens: int = 32
     tools: str | None = None  # None: by model (`tool`)
+    max_turns: int = 8
+    max_tool_tokens: int = 256
+    max_context: int = 0  # 0: the model's context
+    tool_timeout: float = 30.0
+    tool_workers: int = 32
     reward: str | None = None
     device: str = "auto"
     threads: int = 1

@@ -32,7 +32,7 @@ class Groups:
         """Prompt `i`'s K samples, in sample order: rewarded, written and flushed."""
         prompt, uid = self.plan.prompts[i], self.plan.uids[i]
         for s in samples:
-            self.rewards.append(self.plan.reward_fn(prompt.record, s.text))
+            self.rewards.append(self.plan.reward_fn(prompt.record, s.text) if s.reward is None else s.reward)
             for step in turn_steps(uid, prompt.id, s, self.rewards[-1], self.k):
                 self.writer.write(step)
         self.writer.flush()

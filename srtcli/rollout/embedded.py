@@ -2,7 +2,7 @@
 
 The model runs in this process (srtcli.rollout.engine: KV cache, ragged acceptance, continuous
 batching) with a drafter from srtcli.rollout.drafters; srtcli.rollout.runahead schedules the
-rollout batches and the long-tail run-ahead; the calculator tool runs between a sample's turns.
+rollout batches and the long-tail run-ahead; tools run between a sample's turns (srtcli.rollout.agent), off the engine's thread.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ def engine_slots(batch_size: int, per: int, todo: int, n_prompts: int, k: int, r
     return max(1, min(batch_size, work + ahead))
 
 
-def sample_of(seq: Any, tok: Any) -> Sample:
+def sample_of(seq: Any, tok: Any, reward: float | None = None) -> Sample:
     """A finished engine sequence as a sample (a turn the engine closed empty is no model turn)."""
     return Sample(seq.meta["sample"], seq.tokens, seq.logprobs, [(s, e) for s, e in seq.turns if e > s],
-                  seq.finish_reason, tok.decode(seq.output, skip_special_tokens=False))
+                  seq.finish_reason, tok.decode(seq.output, skip_special_tokens=False), reward=reward)
 
 
 def check_tree_attention(config: RolloutConfig, model: Any) -> None:
@@ -58,6 +58,7 @@ class EmbeddedBackend:
         self.given_drafter = drafter
         self.drafter: Any = None
         self.engine: Any = None
+        self.hooks: Any = None
 
     def load(self, config: RolloutConfig) -> tuple[Any, list]:
         import torch
@@ -65,6 +66,7 @@ class EmbeddedBackend:
 
         from srtcli.models import default_model_dir, load_model_and_tokenizer
         from srtcli.rollout.model_facts import context_length
+        from srtcli.rollout.agent.setup import agent_for
         from srtcli.rollout.prompts import read_prompts
 
         hf_logging.disable_progress_bar()  # stdout/stderr carry our progress and summary only
@@ -75,7 +77,8 @@ class EmbeddedBackend:
         model, tok = load_model_and_tokenizer(config.model or default_model_dir())
         model.to(self.device)
         self.ctx = context_length(getattr(model.config, "max_position_embeddings", None), tok)
-        prompts = read_prompts(config.prompts_path, tok, self.ctx - 1)
+        self.agent = agent_for(config.tool, tok)
+        prompts = read_prompts(config.prompts_path, tok, self.ctx - 1, self.agent and self.agent.schemas)
         check_tree_attention(config, model)
         self.config, self.model, self.tok = config, model, tok
         self.device_type = next(model.parameters()).device.type
@@ -87,22 +90,23 @@ class EmbeddedBackend:
         c = self.config
         self.run_ahead = c.run_ahead_on(self.device_type)
         self.slots = engine_slots(c.batch_size, pl.per, len(pl.todo), len(pl.prompts), c.k, self.run_ahead)
-        self.max_len = min(self.ctx, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + 64)
+        room = self.agent.room(c) if self.agent else 64
+        self.max_len = min(self.ctx, c.max_context or self.ctx, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + room)
         check_kv_fits(self.model, self.slots, self.max_len)  # before the cache dir is opened
 
     def start(self, pl: Plan, store: Any) -> None:
         from srtcli.rollout.engine.engine import Engine
         from srtcli.rollout.engine.sampling import SamplingParams
         from srtcli.rollout.model_facts import eos_ids
-        from srtcli.rollout.tools import tool_hooks
 
         c, model = self.config, self.model
         self.store = store
         self.drafter = self.given_drafter if self.given_drafter is not None else make_drafter_for(c, store)
-        stop_fn = turn_end = None
-        if c.tool != "none":
-            stop_fn, turn_end = tool_hooks(self.tok, c.tool)
         eos = eos_ids(self.tok, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+        stop_fn = turn_end = None
+        if self.agent is not None:
+            self.hooks = self.agent.hooks(self.tok, c, {p.id: p.record for p in pl.prompts}, set(eos))
+            stop_fn, turn_end = self.hooks.stop, self.hooks.turn_end
         self.engine = Engine(model, SamplingParams(c.temperature, c.top_p, c.top_k), self.drafter,
                              slots=self.slots, budget=c.budget if c.draft != "none" else 0, max_len=self.max_len,
                              eos_ids=set(eos), seed=c.seed, stop_fn=stop_fn, turn_end=turn_end,
@@ -121,7 +125,8 @@ class EmbeddedBackend:
             if len(group) < c.k:
                 return
             in_order = sorted(group, key=lambda s: s.meta["sample"])
-            groups.group(index[seq.group], [sample_of(s, self.tok) for s in in_order])
+            rewards = [self.hooks.finish(s) if self.hooks else None for s in in_order]
+            groups.group(index[seq.group], [sample_of(s, self.tok, r) for s, r in zip(in_order, rewards)])
             self.drafter.group_done(seq.group)
             del finished[seq.group]
 
@@ -136,6 +141,8 @@ class EmbeddedBackend:
                     on_finished, on_batch_end)
 
     def close(self) -> None:
+        if self.hooks is not None:
+            self.hooks.close()
         if self.drafter is not None:
             self.drafter.close()
 

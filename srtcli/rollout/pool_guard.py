@@ -179,7 +179,8 @@ class PoolGuard:
 
 # What decides the samples a pool holds; a resumed run must not change them. Speed-only
 # options (--draft, --budget, --batch-size, --cache, --device, --engine, ...) may change.
-RUN_OPTIONS = ("-n", "--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed", "--tools", "--reward")
+RUN_OPTIONS = ("-n", "--max-new-tokens", "--temperature", "--top-p", "--top-k", "--seed", "--tools", "--reward",
+               "--max-turns", "--max-tool-tokens", "--max-context")
 
 
 def run_definition(config: RolloutConfig) -> dict[str, Any]:
@@ -189,7 +190,8 @@ def run_definition(config: RolloutConfig) -> dict[str, Any]:
 
     c = config
     values = {"-n": c.k, "--max-new-tokens": c.max_new_tokens, "--temperature": c.temperature,
-              "--top-p": c.top_p, "--top-k": c.top_k, "--seed": c.seed, "--tools": c.tool, "--reward": c.reward_spec}
+              "--top-p": c.top_p, "--top-k": c.top_k, "--seed": c.seed, "--tools": c.tool, "--reward": c.reward_spec,
+              "--max-turns": c.max_turns, "--max-tool-tokens": c.max_tool_tokens, "--max-context": c.max_context}
     model = Path(c.model) if c.model else default_model_dir()
     return {"--model": file_entry(model), "--prompts": file_entry(Path(c.prompts_path)),
             **{k: values[k] for k in RUN_OPTIONS}}

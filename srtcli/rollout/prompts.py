@@ -37,7 +37,7 @@ def _messages_ok(msgs: Any) -> bool:
     )
 
 
-def render(tokenizer: Any, prompt: Any) -> list[int]:
+def render(tokenizer: Any, prompt: Any, tools: list[dict] | None = None) -> list[int]:
     """Token ids of a prompt (string or chat messages); ValueError with a short reason.
 
     Encoding is `srtcli.tokenizers.encode_prompt`, the one every cache writer uses, so a
@@ -47,7 +47,7 @@ def render(tokenizer: Any, prompt: Any) -> list[int]:
             raise ValueError("`prompt` is empty")
     elif not _messages_ok(prompt):
         raise ValueError("`prompt` must be a string or a non-empty list of {role, content} messages")
-    return [int(t) for t in encode_prompt(tokenizer, prompt)]
+    return [int(t) for t in encode_prompt(tokenizer, prompt, tools)]
 
 
 def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
@@ -77,8 +77,10 @@ def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     return out
 
 
-def read_prompts(path: str | Path, tokenizer: Any, max_prompt_tokens: int) -> list[PromptRecord]:
-    """All prompts of a JSONL file, validated and tokenized (errors name file and line)."""
+def read_prompts(path: str | Path, tokenizer: Any, max_prompt_tokens: int,
+                 tools: list[dict] | None = None) -> list[PromptRecord]:
+    """All prompts of a JSONL file, validated and tokenized (errors name file and line); `tools`
+    (JSON schemas) are shown to the model by the chat template."""
     path = Path(path)
     out: list[PromptRecord] = []
     seen: dict[tuple[int, ...], int] = {}
@@ -87,7 +89,7 @@ def read_prompts(path: str | Path, tokenizer: Any, max_prompt_tokens: int) -> li
     getattr(tokenizer, "deprecation_warnings", {})["sequence-length-is-longer-than-the-specified-maximum"] = True
     for lineno, rec in read_records(path):
         try:
-            ids = render(tokenizer, rec["prompt"])
+            ids = render(tokenizer, rec["prompt"], tools)
         except ValueError as e:
             raise at(path, lineno, str(e)) from None
         if not ids:

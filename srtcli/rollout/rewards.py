@@ -20,16 +20,13 @@ traceback halfway through a rollout.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import numbers
 import re
-import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from srtcli.errors import SrtError, at
+from srtcli.user_code import load_target, one_line
 
 RewardFn = Callable[[dict, str], float]
 
@@ -90,36 +87,6 @@ def reward_for_prompts(spec: str | None, records: list[tuple[int, dict]], path: 
     return fn
 
 
-def _line(e: Exception) -> str:
-    """An exception's message on one line (errors are one line, whatever the user code raised)."""
-    return " ".join(str(e).split())
-
-
-def _import_target(module: str) -> Any:
-    if module.endswith(".py"):
-        path = Path(module)
-        if not path.is_file():
-            raise SrtError(f"{path}: reward file not found")
-        spec = importlib.util.spec_from_file_location(f"_srt_reward_{path.stem}", path)
-        mod = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(mod)
-        except Exception as e:
-            raise SrtError(f"{path}: importing the reward file failed: {type(e).__name__}: {_line(e)}") from None
-        return mod
-    # The `srt` console script does not put the working directory on sys.path; users expect
-    # `--reward myrewards:fn` to find ./myrewards.py as `python -m` would.
-    cwd = str(Path.cwd())
-    if cwd not in sys.path:
-        sys.path.append(cwd)
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        raise SrtError(f"reward module {module!r} not found ({e.name} is not importable)") from None
-    except Exception as e:
-        raise SrtError(f"importing reward module {module!r} failed: {type(e).__name__}: {_line(e)}") from None
-
-
 def _checked(spec: str, fn: Callable) -> RewardFn:
     def reward(prompt_record: dict, completion_text: str) -> float:
         pid = prompt_record.get("id", "?")
@@ -128,7 +95,7 @@ def _checked(spec: str, fn: Callable) -> RewardFn:
         except SrtError:
             raise
         except Exception as e:
-            raise SrtError(f"reward {spec} raised {type(e).__name__}: {_line(e)} (prompt {pid!r})") from None
+            raise SrtError(f"reward {spec} raised {type(e).__name__}: {one_line(e)} (prompt {pid!r})") from None
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise SrtError(f"reward {spec} returned {value!r}, not a finite number (prompt {pid!r})")
         return float(value)
@@ -144,17 +111,9 @@ def load_reward(spec: str) -> RewardFn:
     spec = spec.strip()
     if spec in BUILTIN:
         return BUILTIN[spec]
-    if spec.count(":") != 1 or not all(spec.split(":")):
-        # A Windows-style path is not supported; say what is.
-        known = ", ".join(sorted(BUILTIN))
-        raise SrtError(f"--reward {spec!r}: expected a built-in ({known}) or MODULE:FUNCTION")
-    module, name = spec.split(":")
-    mod = _import_target(module)
-    fn = getattr(mod, name, None)
-    if fn is None:
-        raise SrtError(f"reward {spec}: {module} has no attribute {name!r}")
+    fn = load_target(spec, "--reward", list(BUILTIN), "reward", "MODULE:FUNCTION")
     if not callable(fn):
-        raise SrtError(f"reward {spec}: {name!r} is not callable")
+        raise SrtError(f"reward {spec}: {spec.split(':')[1]!r} is not callable")
     return _checked(spec, fn)
 
 

@@ -22,6 +22,7 @@ class Sample:
     finish_reason: str
     text: str  # the completion, as the reward reads it
     meta: dict[str, Any] = field(default_factory=dict)  # what the engine adds to every step's meta
+    reward: float | None = None  # the trajectory's own reward (a tool environment's), if it has one
 
 
 def turn_steps(uid: str, prompt_id: str, sample: Sample, reward: float, k: int) -> list:

@@ -22,6 +22,8 @@ How the pieces fit:
   (continuous batching) and may `drop` run-ahead slots.
 - Prefix sharing: the K samples of a prompt prefill it once (`_share_prompts`); the others
   copy its KV and sample their first token from the kept distribution after the prompt.
+- Tool calls (`turn_end`) may hand back output that is not ready (`Pending`): the row keeps its
+  slot and KV cache but sits out of the forwards until `step` finds the output ready.
 - Adaptive draft length per sequence (`srtcli.rollout.drafters.draft_length`), from past
   outcomes only.
 - Tree drafts (`Proposal.parents`, `srtcli.rollout.engine.tree_verify`): the nodes follow the
@@ -43,9 +45,12 @@ from srtcli.rollout.engine.kv_memory import check_kv_fits
 from srtcli.rollout.engine.sampling import SamplingParams, sample
 from srtcli.rollout.engine.sequence import EngineStats, Sequence, StopFn, TurnEndFn
 from srtcli.rollout.engine.slot_cache import SlotKVCache, register_slot_attention
-from srtcli.rollout.engine.stops import append_generated, cut_emitted, end_turn
+from srtcli.rollout.engine.stops import add_tool_output, append_generated, cut_emitted, end_turn
 from srtcli.rollout.engine.tree_verify import verify_trees
 from srtcli.rollout.engine.verify import verify_chains
+
+
+WAIT_S = 0.02  # longest sleep while every row waits for a tool (a call's time limit may fall due)
 
 
 class Engine:
@@ -104,10 +109,16 @@ class Engine:
 
     # -- one step ------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """Draft, verify and extend every live slot once; returns the sequences that finished."""
-        rows = self.active()
+        """Draft, verify and extend every live slot once; returns the sequences that finished.
+        Rows waiting for tool output sit out (their KV stays) until it is ready; when every live
+        row waits, the step blocks briefly for the first result instead."""
+        done = self._resume_waiting()
+        rows = [s for s in self.active() if s.pending is None]
         if not rows:
-            return []
+            waiting = self.active()
+            if waiting and not done:
+                waiting[0].pending.wait(WAIT_S)
+            return done
         rows, followers = self._share_prompts(rows)
         props = [self._propose(s) for s in rows]
         # short pending runs (a tool result) ride with the decode rows; only long ones (a fresh
@@ -115,12 +126,26 @@ class Engine:
         short = max(8, self.budget + 1)
         decode = [i for i, s in enumerate(rows) if len(s.tokens) - s.cache_len <= short]
         prefill = [i for i, s in enumerate(rows) if len(s.tokens) - s.cache_len > short]
-        done: list[Sequence] = []
         for bucket in (decode, prefill):
             if bucket:
                 done += self._run([rows[i] for i in bucket], [props[i] for i in bucket])
         for seq, key in followers:
             if self._follow(seq, key):
+                done.append(seq)
+        return done
+
+    def _resume_waiting(self) -> list[Sequence]:
+        """Rows whose tool output is ready take it and re-enter; those it ends are finished."""
+        done = []
+        for seq in self.active():
+            out = seq.pending.poll() if seq.pending is not None else None
+            if out is None:
+                continue
+            seq.pending = None
+            reason = out if isinstance(out, str) else add_tool_output(seq, out, self.max_len, self.drafter)
+            if reason is not None:
+                seq.finish_reason = reason
+                self._release(seq)
                 done.append(seq)
         return done
 

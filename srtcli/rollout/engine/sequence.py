@@ -1,11 +1,12 @@
 """What the engine generates and counts: a `Sequence` (one trajectory in a slot), the engine's
-`EngineStats`, and the signatures of the caller's stop and turn-end hooks.
+`EngineStats`, and the signatures of the caller's stop and turn-end hooks (and `Pending`, the
+tool output a turn-end hook may hand back before it is ready).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Sequence:
     accepted: int = 0
     spec_len: int = -1  # adaptive draft length (engine-managed; -1 = not started)
     drafter_state: Any = None
+    pending: Any = None  # tool output still being computed (`Pending`): the row sits out until ready
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -72,5 +74,16 @@ class EngineStats:
         self.accepted += min(accepted, drafted)
 
 
+class Pending(Protocol):
+    """Tool output that is still being computed; the engine polls it before each step."""
+
+    def poll(self) -> "list[int] | str | None":
+        """The tokens to append (or a finish reason) once ready, else None."""
+
+    def wait(self, seconds: float) -> None:
+        """Block until some pending output may be ready, at most `seconds`."""
+
+
 StopFn = Callable[[Sequence, list[int]], "int | None"]
-TurnEndFn = Callable[[Sequence], "list[int] | None"]
+# what follows a tool stop: tokens to append, a finish reason, output still pending, or None (stop)
+TurnEndFn = Callable[[Sequence], "list[int] | str | Pending | None"]

@@ -5,6 +5,8 @@ A row keeps its emitted tokens up to the first eos ("stop"), or up to where the 
 `stop_fn` ends the model's turn ("tool"), and never past its `max_new_tokens` or the engine's
 `max_len` ("length"). At a tool stop the caller's `turn_end` may give tool output to inject
 (untrained tokens, mask 0): the sequence then continues with a new turn, if the output fits.
+Output that is not ready yet (`Pending`) is kept on the sequence; the engine appends it with
+`add_tool_output` when it is.
 """
 
 from __future__ import annotations
@@ -43,13 +45,24 @@ def append_generated(seq: Sequence, emitted: list[int], logprobs: list[float], c
 
 def end_turn(seq: Sequence, reason: str, turn_end: TurnEndFn | None, max_len: int, drafter: Any) -> str | None:
     """Close the model's turn; at a tool stop inject `turn_end`'s output (told to `drafter`)
-    and return None if the sequence goes on, else the finish reason."""
+    and return None if the sequence goes on (now, or once its pending output is ready), else
+    the finish reason."""
     seq.turns.append((seq.turn_start, len(seq.tokens)))
     if reason != "tool":
         return reason
     if turn_end is None:
         return "stop"
     inject = turn_end(seq)
+    if isinstance(inject, str):
+        return inject
+    if inject is not None and hasattr(inject, "poll"):
+        seq.pending = inject
+        return None
+    return add_tool_output(seq, inject, max_len, drafter)
+
+
+def add_tool_output(seq: Sequence, inject: list[int] | None, max_len: int, drafter: Any) -> str | None:
+    """Append tool output (untrained) and open the next turn; the finish reason if it cannot."""
     room = max_len - len(seq.tokens) - 1
     if inject and len(inject) <= room and seq.generated < seq.max_new_tokens:
         seq.tokens += inject

@@ -167,23 +167,6 @@ def test_a_killed_run_resumes_without_losing_or_duplicating_groups(tmp_path, mod
     assert whole.startswith(b"".join(lines[: 4 * n_done]))
 
 
-def test_tool_hooks_stop_at_the_closing_tag_and_return_the_result(tmp_path):
-    from srtcli.rollout.engine.sequence import Sequence
-    from srtcli.rollout.tools import tool_hooks
-    from tests.srtcli.rollout.engine.support import make_tokenizer
-
-    tok = make_tokenizer(tmp_path)
-    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    stop_fn, turn_end = tool_hooks(tok, "calculator")
-    s = Sequence(enc("Q?"), max_new_tokens=64)
-    s.tokens += enc("Compute <calc>2*(3+4)")
-    emitted = enc("</calc> and more")
-    assert stop_fn(s, emitted) == 1
-    assert stop_fn(s, enc(" no call yet")) is None
-    s.tokens += emitted[:1]
-    assert tok.decode(turn_end(s)) == "<result>14</result>"
-
-
 def test_tools_flag_runs_end_to_end(tmp_path, model_dir):
     s = summary(roll(tmp_path, model_dir, "-n", "2", "--max-new-tokens", "8", "--tools", "calculator"))
     assert s["generated_tokens"] > 0

@@ -1,0 +1,1 @@
+"""Tools in rollouts: the user's tools, their call formats, asynchronous execution, the sandbox."""
