@@ -104,7 +104,10 @@ def chat_format_for(tok: Any) -> bool:
         return False
     schema = {"type": "function", "function": {"name": "srt_probe_tool", "description": "probe",
                                                 "parameters": {"type": "object", "properties": {}}}}
-    with_tools = tok.apply_chat_template([_user()], tools=[schema], tokenize=False, add_generation_prompt=True)
+    try:
+        with_tools = tok.apply_chat_template([_user()], tools=[schema], tokenize=False, add_generation_prompt=True)
+    except Exception:  # a template that cannot take tools at all
+        return False
     return "srt_probe_tool" in with_tools
 
 

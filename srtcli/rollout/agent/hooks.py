@@ -22,7 +22,7 @@ TRUNCATED = " ...[truncated]"
 
 
 @dataclass(frozen=True)
-class Limits:
+class TurnLimits:
     """Per trajectory: model turns, and tokens of one tool result."""
 
     max_turns: int = 8
@@ -32,7 +32,7 @@ class Limits:
 class AgentHooks:
     """stop_fn / turn_end for the engine, over one run's tools."""
 
-    def __init__(self, tok: Any, fmt: CallFormat, tools: ToolSet, runner: ToolRunner, limits: Limits,
+    def __init__(self, tok: Any, fmt: CallFormat, tools: ToolSet, runner: ToolRunner, limits: TurnLimits,
                  records: dict[str, dict], eos_ids: set[int], env_reward: bool = True):
         self.tok, self.fmt, self.tools, self.runner, self.limits = tok, fmt, tools, runner, limits
         self.records, self.eos_ids = records, set(eos_ids)

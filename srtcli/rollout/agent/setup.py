@@ -14,7 +14,7 @@ from typing import Any
 
 from srtcli.errors import SrtError
 from srtcli.rollout.agent.formats import CallFormat, ChatFormat, TagFormat, chat_format_for
-from srtcli.rollout.agent.hooks import AgentHooks, Limits
+from srtcli.rollout.agent.hooks import AgentHooks, TurnLimits
 from srtcli.rollout.agent.runner import ToolRunner
 from srtcli.rollout.agent.toolset import ToolSet, load_tools
 
@@ -42,7 +42,7 @@ class AgentSetup:
 
     def hooks(self, tok: Any, config: Any, records: dict[str, dict], eos_ids: set[int]) -> AgentHooks:
         runner = ToolRunner(config.tool_workers, config.tool_timeout)
-        limits = Limits(config.max_turns, config.max_tool_tokens)
+        limits = TurnLimits(config.max_turns, config.max_tool_tokens)
         return AgentHooks(tok, self.fmt, self.tools, runner, limits, records, eos_ids,
                           env_reward=config.reward_spec is None)
 
@@ -53,7 +53,11 @@ def agent_for(spec: str, tok: Any) -> AgentSetup | None:
         return None
     tools = load_tools(spec)
     if chat_format_for(tok):
-        return AgentSetup(tools, ChatFormat(tok))
+        try:
+            return AgentSetup(tools, ChatFormat(tok))
+        except Exception as e:
+            raise SrtError(f"--tools {spec}: the model's chat template cannot render a tool turn: "
+                           f"{' '.join(str(e).split())}") from None
     if "calculator" not in tools.names:
         raise SrtError(f"--tools {spec}: the model's chat template does not show tools to the model; without "
                        "one srt knows only the <calc>EXPR</calc> tag format, which calls a tool named calculator")

@@ -2,7 +2,7 @@
 `ToolSession` per trajectory that runs a parsed call and never raises.
 
 `--tools` takes a built-in name (`calculator`, `python`) or `MODULE:NAME` / `FILE.py:NAME`
-naming one of
+(several: comma-separated) naming one of
 - a function with type hints and a docstring (`Args:` section), the convention of transformers'
   chat templates (`tools=`) and TRL's `GRPOTrainer(tools=...)`;
 - a list or tuple of such functions;
@@ -99,6 +99,8 @@ class ToolSession:
             return f"error: bad arguments for {call.name}: {one_line(e)}"
         try:
             return _as_text(fn(**call.arguments))
+        except SrtError:  # the tool's machinery, not the call, is broken (a sandbox that cannot start)
+            raise
         except Exception as e:  # the user's tool failed: the model sees it, the run goes on
             return f"error: {type(e).__name__}: {one_line(e)}"
 
@@ -113,7 +115,10 @@ class ToolSession:
 
 
 def load_tools(spec: str) -> ToolSet:
-    """The ToolSet `--tools SPEC` names; a one-line SrtError for anything unusable."""
+    """The ToolSet `--tools SPEC` names (several, comma-separated); a one-line SrtError for
+    anything unusable."""
+    if "," in spec:
+        return _joined(spec, [load_tools(part.strip()) for part in spec.split(",")])
     if spec in BUILTIN:
         return _function_set(spec, [builtin_tool(spec)], inline=spec == "calculator")
     obj = load_target(spec, "--tools", [*BUILTIN, "none"], "tools")
@@ -126,6 +131,13 @@ def load_tools(spec: str) -> ToolSet:
         return _function_set(spec, list(obj))
     raise SrtError(f"tools {spec}: expected a function, a list of functions or an environment class, "
                    f"got {type(obj).__name__}")
+
+
+def _joined(spec: str, sets: list[ToolSet]) -> ToolSet:
+    if any(s.env_class is not None for s in sets):
+        raise SrtError(f"--tools {spec}: an environment class cannot be combined with other tools")
+    fns = [f for s in sets for f in s.functions.values()]
+    return _function_set(spec, fns, inline=all(s.inline for s in sets))
 
 
 def _function_set(spec: str, fns: list[Callable], inline: bool = False) -> ToolSet:

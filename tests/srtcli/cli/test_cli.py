@@ -110,8 +110,8 @@ def test_usage_errors_are_one_line_with_exit_status_1():
         "Error: srt rollout: -n/--n: 0 is not in the range x>=1"
     assert one_line(srt("rollout", "--prompts", "p.jsonl", "--top-p", "2")) == \
         "Error: srt rollout: --top-p: 2.0 is not in the range 0.0<x<=1.0"
-    assert one_line(srt("rollout", "--prompts", "p.jsonl", "--tmperature", "1")) == \
-        "Error: srt rollout: no such option '--tmperature'; did you mean '--temperature'?"
+    assert one_line(srt("rollout", "--prompts", "p.jsonl", "--tempreature", "1")) == \
+        "Error: srt rollout: no such option '--tempreature'; did you mean '--temperature'?"
     assert one_line(srt("rollout")) == "Error: srt rollout: missing option '--prompts'"
     assert one_line(srt("rollout", "--prompts")) == "Error: srt rollout: option '--prompts' requires an argument"
     assert one_line(srt("pack", "--steps", "a", "--out", "b", "extra")) == \

@@ -156,3 +156,47 @@ def test_a_run_killed_during_a_tool_call_resumes_to_the_uninterrupted_pool(tmp_p
     subprocess.run([*roll_cmd, "--out", str(pool), "--cache", str(tmp_path / "c2"), "--resume"], check=True,
                    capture_output=True, env={**os.environ, "SRT_TEST_SLEEP": "0"})
     assert tokens(pool) == tokens(whole)
+
+
+LONG_PY = '''
+def calculator(expression: str) -> str:
+    """Answer at length.
+
+    Args:
+        expression: the expression
+    """
+    return "7" * 50
+'''
+
+
+def test_limits_per_trajectory(tmp_path):
+    """--max-turns ends a trajectory at its last allowed turn, --max-tool-tokens cuts a result,
+    --max-context bounds the whole trajectory."""
+    roll(tmp_path, "one", "--max-turns", "1")
+    last = [st for st in read_pool(tmp_path / "one")]
+    assert all(st.step == 0 for st in last) and "max_turns" in {st.meta["finish_reason"] for st in last}
+    long = tmp_path / "long.py"
+    long.write_text(LONG_PY)
+    roll(tmp_path, "cut", "--tools", f"{long}:calculator", "--max-tool-tokens", "5")
+    tok = load_tokenizer(default_model_dir())
+    texts = [tok.decode(st.input_ids) for st in read_pool(tmp_path / "cut") if st.step > 0]
+    assert texts and all("<result>77777 ...[truncated]</result>" in t for t in texts)
+    roll(tmp_path, "short", "--max-context", "60")
+    assert max(len(st.input_ids) for st in read_pool(tmp_path / "short")) <= 60
+
+
+def test_resume_refuses_changed_trajectory_limits(tmp_path):
+    roll(tmp_path, "p", "--max-turns", "2")
+    r = CliRunner().invoke(cli, ["rollout", "--prompts", str(prompts(tmp_path)), "-n", "3", "--max-new-tokens", "96",
+                                 "--out", str(tmp_path / "p"), "--resume", "--max-turns", "3"])
+    assert r.exit_code == 1 and "--max-turns: recorded 2, now 3" in r.output
+
+
+def test_a_tool_that_raises_is_a_result_the_model_reads(tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text('def calculator(expression: str) -> str:\n    """Fail.\n\n    Args:\n        expression: any\n    """\n'
+                    '    raise ValueError("no " + expression)\n')
+    roll(tmp_path, "bad", "--tools", f"{path}:calculator", "--tool-timeout", "5")
+    tok = load_tokenizer(default_model_dir())
+    later = [tok.decode(st.input_ids) for st in read_pool(tmp_path / "bad") if st.step > 0]
+    assert later and all("<result>error: ValueError: no " in t for t in later)

@@ -118,3 +118,22 @@ def test_a_missing_module_or_a_bad_spec_is_one_line(tmp_path):
         load_tools("calc")
     with pytest.raises(SrtError, match="tools file not found"):
         load_tools(f"{tmp_path / 'none.py'}:f")
+
+
+def test_a_broken_tool_machinery_stops_the_run_instead_of_feeding_errors():
+    from srtcli.rollout.agent.toolset import ToolSession
+
+    def sandboxed(code: str) -> str:
+        raise SrtError("sandbox: cannot start /no/python")
+
+    with pytest.raises(SrtError, match="cannot start"):
+        ToolSession({"sandboxed": sandboxed}, None).call(ToolCall("sandboxed", {"code": "1"}))
+
+
+def test_several_tools_comma_separated(tools_py):
+    tools = load_tools(f"calculator,python,{tools_py}:add")
+    assert tools.names == ["calculator", "python", "add"] and not tools.inline
+    with pytest.raises(SrtError, match="cannot be combined"):
+        load_tools(f"calculator,{tools_py}:Counter")
+    with pytest.raises(SrtError, match="two tools share a name"):
+        load_tools("calculator,calculator")

@@ -15,7 +15,7 @@ import torch
 from srtcli.models import default_model_dir, load_model_and_tokenizer
 from srtcli.rollout.agent.calculator import calculator
 from srtcli.rollout.agent.formats import TagFormat
-from srtcli.rollout.agent.hooks import AgentHooks, Limits
+from srtcli.rollout.agent.hooks import AgentHooks, TurnLimits
 from srtcli.rollout.agent.runner import ToolRunner
 from srtcli.rollout.agent.toolset import ToolSet
 from srtcli.rollout.drafters import make_drafter
@@ -40,7 +40,7 @@ def prompts(tok, n):
 
 def engine_with(model, tok, tool, workers, draft="none"):
     tools = ToolSet("test", [], {"calculator": tool})
-    hooks = AgentHooks(tok, TagFormat(), tools, ToolRunner(workers, timeout=30), Limits(), {}, {tok.eos_token_id})
+    hooks = AgentHooks(tok, TagFormat(), tools, ToolRunner(workers, timeout=30), TurnLimits(), {}, {tok.eos_token_id})
     engine = Engine(model, SamplingParams(0.0), make_drafter(draft), slots=4, budget=4, max_len=256,
                     eos_ids={tok.eos_token_id}, stop_fn=hooks.stop, turn_end=hooks.turn_end)
     return engine, hooks
