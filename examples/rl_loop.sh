@@ -5,6 +5,7 @@
 #
 #   examples/rl_loop.sh [RUN_DIR]                  # default RUN_DIR: runs/arith
 #   EPOCHS=3 K=8 LR=3e-4 examples/rl_loop.sh runs/x
+#   MODEL=examples/agent/model TOOLS=examples/agent/tools.py:TOOLS examples/rl_loop.sh runs/agent
 #
 # The tree cache (RUN_DIR/cache, or $CACHE) is kept across epochs and across invocations:
 # kill the script and start it again with the same RUN_DIR and it continues where it stopped
@@ -26,6 +27,7 @@ PACK_TOKENS="${PACK_TOKENS:-2048}"  # real tokens per packed row: ~17 rows, ~10 
 MAX_NEW="${MAX_NEW:-96}"
 CACHE="${CACHE:-$RUN/cache}"
 DRAFT="${DRAFT:-srt}"
+TOOLS="${TOOLS:-calculator}"     # --tools: a built-in name or FILE.py:NAME (examples/agent/tools.py:TOOLS)
 
 if [[ -z "${SRT:-}" ]]; then
   if command -v srt >/dev/null; then SRT=srt; else SRT="$ROOT/.venv/bin/srt"; fi
@@ -53,7 +55,7 @@ rollout() {  # rollout PROMPTS MODEL N CACHE POOL_DIR SEED OUT.json
   local resume=()
   [[ -f "$5/rollout.jsonl" ]] && resume=(--resume)
   run "$7" "$SRT" rollout --prompts "$1" --model "$2" -n "$3" --cache "$4" --out "$5" --seed "$6" \
-    --tools calculator --reward exact_match --draft "$DRAFT" --max-new-tokens "$MAX_NEW" "${resume[@]}" --json
+    --tools "$TOOLS" --reward exact_match --draft "$DRAFT" --max-new-tokens "$MAX_NEW" "${resume[@]}" --json
 }
 
 model="$MODEL0"

@@ -2,7 +2,8 @@
 
 Every problem is one of a few kinds (add, subtract, multiply, share, and two-step mixes), asked
 in several phrasings. `solution_text(problem, rng)` writes one training response for it in one
-of several styles, the way sampled reasoning differs between samples of one prompt:
+of several styles, the way sampled reasoning differs between samples of one prompt (and
+`solution(problem, rng)` returns the same response as structure, for other tool formats):
 
 - tool, step by step: one `<calc>` call per step, each followed by its `<result>` (3 turns for
   two-step problems);
@@ -44,6 +45,26 @@ class Problem:
     answer: int
     steps: list[Step]
     combined: str  # the whole computation as one calculator expression
+
+
+@dataclass
+class Call:
+    """One calculator call inside a solution: the expression and the value the tool returns."""
+
+    expression: str
+    value: int
+
+
+@dataclass
+class Solution:
+    """One training response as structure: `opener`, then each call with the text leading to it,
+    then free `working` (the mental style's arithmetic in words), then `closer` with the answer."""
+
+    opener: str
+    calls: list[tuple[str, Call]]
+    working: str
+    answer: int  # the value in the final <answer>, miscopied or wrong sometimes
+    closer: str
 
 
 def _value(operand: int | str, values: dict[str, int]) -> int:
@@ -127,16 +148,16 @@ def _wrong(value: int, rng: random.Random) -> int:
     return value + rng.choice([-1, 1]) * rng.randint(1, 10)
 
 
-def _tool_steps(p: Problem, rng: random.Random) -> tuple[str, int]:
+def _tool_steps(p: Problem, rng: random.Random) -> tuple[list[tuple[str, Call]], int]:
     values: dict[str, int] = {}
-    parts = []
+    calls = []
     for i, s in enumerate(p.steps):
         a, b = _value(s.left, values), _value(s.right, values)
         v = _apply(a, s.op, b)
         values[f"s{i + 1}"] = v
         lead = rng.choice(["First, ", f"{s.words.capitalize()}: ", ""]) if i == 0 else rng.choice(["Then ", f"{s.words.capitalize()}: ", "Next, "])
-        parts.append(f"{lead}<calc>{a}{s.op}{b}</calc><result>{v}</result>.")
-    return " ".join(parts) + " ", values[f"s{len(p.steps)}"]
+        calls.append((lead, Call(f"{a}{s.op}{b}", v)))
+    return calls, values[f"s{len(p.steps)}"]
 
 
 def _mental(p: Problem, rng: random.Random) -> tuple[str, int]:
@@ -153,20 +174,27 @@ def _mental(p: Problem, rng: random.Random) -> tuple[str, int]:
     return head + ", then ".join(parts) + ". ", values[f"s{len(p.steps)}"]
 
 
-def solution_text(p: Problem, rng: random.Random) -> str:
+def solution(p: Problem, rng: random.Random) -> Solution:
     """One training response for `p`, in a randomly chosen style (see the module docstring)."""
     style = rng.random()
+    calls, working = [], ""
     if style < 0.35:
-        body, value = _tool_steps(p, rng)
+        calls, value = _tool_steps(p, rng)
     elif style < 0.70:
-        body = rng.choice(["", "In one go: ", "Compute "]) + f"<calc>{p.combined}</calc><result>{p.answer}</result>. "
-        value = p.answer
+        calls, value = [(rng.choice(["", "In one go: ", "Compute "]), Call(p.combined, p.answer))], p.answer
     else:
-        body, value = _mental(p, rng)
+        working, value = _mental(p, rng)
     if style < 0.70 and rng.random() < 0.06:
         value = _wrong(value, rng)  # a miscopied answer after a correct tool call
     opener = rng.choice(OPENERS if style < 0.70 else MENTAL_OPENERS)
-    return opener + body + rng.choice(CLOSERS).format(v=value)
+    return Solution(opener, calls, working, value, rng.choice(CLOSERS).format(v=value))
+
+
+def solution_text(p: Problem, rng: random.Random) -> str:
+    """`solution(p, rng)` in the bundled model's format: `<calc>` calls, each with its `<result>`."""
+    s = solution(p, rng)
+    calls = " ".join(f"{lead}<calc>{c.expression}</calc><result>{c.value}</result>." for lead, c in s.calls)
+    return s.opener + (calls + " " if calls else "") + s.working + s.closer
 
 
 def prompt_records(n: int, seed: int, prefix: str, exclude: set[str] = frozenset()) -> list[dict]:

@@ -84,7 +84,11 @@ def sample_with_tools(model, tok, records: list[dict], k: int, max_new_tokens: i
 
 
 def evaluate(model, tok, records: list[dict], k: int, reward: str = "exact_match", **kw) -> EvalResult:
-    samples = sample_with_tools(model, tok, records, k, **kw)
+    return score(sample_with_tools(model, tok, records, k, **kw), records, k, reward, "<calc>")
+
+
+def score(samples: list[Sample], records: list[dict], k: int, reward: str, call: str) -> EvalResult:
+    """Rewards and the summary of K samples per record (in record order); `call` marks tool use."""
     fn = load_reward(reward)
     by_id = {r["id"]: r for r in records}
     for s in samples:
@@ -93,7 +97,7 @@ def evaluate(model, tok, records: list[dict], k: int, reward: str = "exact_match
     return EvalResult(
         mean_reward=statistics.fmean(s.reward for s in samples),
         groups_with_variance=sum(len(set(g)) > 1 for g in groups) / len(groups),
-        tool_use=sum("<calc>" in s.text for s in samples) / len(samples),
+        tool_use=sum(call in s.text for s in samples) / len(samples),
         mean_turns=statistics.fmean(s.turns for s in samples),
         samples=samples,
     )

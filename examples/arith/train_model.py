@@ -49,8 +49,8 @@ CHAT_TEMPLATE = (
 _RESULT = re.compile(r"(<result>.*?</result>)")
 
 
-def build_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
-    """A byte-level BPE whose digits are single tokens and whose tags are whole tokens."""
+def build_tokenizer(texts: list[str], vocab_size: int, tags: list[str] = TAGS) -> Tokenizer:
+    """A byte-level BPE whose digits are single tokens and whose `tags` are whole tokens."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
@@ -65,11 +65,11 @@ def build_tokenizer(texts: list[str], vocab_size: int) -> Tokenizer:
     tok.train_from_iterator(texts, trainer=trainer)
     # Added after training so BPE never merges across them; not "special", so decoding with
     # skip_special_tokens=True keeps them (rewards and tools read them from decoded text).
-    tok.add_tokens([AddedToken(t, single_word=False, normalized=False) for t in TAGS])
+    tok.add_tokens([AddedToken(t, single_word=False, normalized=False) for t in tags])
     return tok
 
 
-def save_tokenizer(tok: Tokenizer, out: Path, max_len: int) -> PreTrainedTokenizerFast:
+def save_tokenizer(tok: Tokenizer, out: Path, max_len: int, chat_template: str = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
     config = {
@@ -80,7 +80,7 @@ def save_tokenizer(tok: Tokenizer, out: Path, max_len: int) -> PreTrainedTokeniz
         "unk_token": None,
         "model_max_length": max_len,
         "clean_up_tokenization_spaces": False,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"), **{k: v for k, v in config.items() if k != "tokenizer_class"})
@@ -108,7 +108,12 @@ def make_batch(hf_tok, rng: random.Random, size: int, avoid: set[str], pad_id: i
         p = arith_data.make_problem(rng)
         if p.prompt not in avoid:
             rows.append(encode_example(hf_tok, p.prompt, arith_data.solution_text(p, rng)))
-    width = max(len(ids) for ids, _ in rows)
+    return collate(rows, pad_id)
+
+
+def collate(rows: list[tuple[list[int], list[int]]], pad_id: int):
+    """(input_ids, labels, attention_mask) for (ids, loss_mask) rows, right-padded."""
+    size, width = len(rows), max(len(ids) for ids, _ in rows)
     ids = torch.full((size, width), pad_id)
     labels = torch.full((size, width), -100)
     for i, (row, mask) in enumerate(rows):
@@ -127,9 +132,11 @@ def build_model(vocab: int, args: argparse.Namespace, tok: PreTrainedTokenizerFa
     return LlamaForCausalLM(config)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+def parse_args(argv: list[str] | None = None, out: Path = DEFAULT_OUT, max_len: int = 256,
+               description: str = __doc__) -> argparse.Namespace:
+    """The trainer's flags; another workload's trainer passes its own output, context and doc."""
+    ap = argparse.ArgumentParser(description=description.split("\n")[0])
+    ap.add_argument("--out", type=Path, default=out)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -139,7 +146,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--vocab-size", type=int, default=640)
-    ap.add_argument("--max-len", type=int, default=256)
+    ap.add_argument("--max-len", type=int, default=max_len, help="positions")
     ap.add_argument("--threads", type=int, default=1, help="1 is fastest on a busy machine")
     ap.add_argument("--log-every", type=int, default=50)
     return ap.parse_args(argv)
@@ -162,15 +169,23 @@ def main(argv: list[str] | None = None) -> None:
     model = build_model(len(tok), args, tok)
     avoid = {json.loads(line)["prompt"] for f in ("prompts.jsonl", "eval.jsonl") if (HERE / f).exists()
              for line in (HERE / f).read_text().splitlines() if line.strip()}
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"vocab {len(tok)}, {n_params / 1e6:.2f}M parameters, {args.steps} steps of {args.batch_size}", flush=True)
+    start = time.time()
+    fit(model, lambda: make_batch(tok, rng, args.batch_size, avoid, tok.pad_token_id), args)
+    publish(model, tok, work, args.out)
+    print(f"saved to {args.out} in {time.time() - start:.0f}s")
+
+
+def fit(model: LlamaForCausalLM, next_batch, args: argparse.Namespace) -> None:
+    """The supervised loop: `args.steps` AdamW steps (warmup + cosine) on `next_batch()` batches."""
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup)
                                               * 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
-    n_params = sum(p.numel() for p in model.parameters())
-    print(f"vocab {len(tok)}, {n_params / 1e6:.2f}M parameters, {args.steps} steps of {args.batch_size}", flush=True)
     model.train()
     start, running = time.time(), None
     for step in range(args.steps):
-        ids, labels, attn = make_batch(tok, rng, args.batch_size, avoid, tok.pad_token_id)
+        ids, labels, attn = next_batch()
         loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
         opt.zero_grad()
         loss.backward()
@@ -181,16 +196,20 @@ def main(argv: list[str] | None = None) -> None:
         if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
             print(f"step {step + 1}: loss {running:.4f} ({time.time() - start:.0f}s)", flush=True)
     model.eval()
+
+
+def publish(model: LlamaForCausalLM, tok: PreTrainedTokenizerFast, work: Path, out: Path) -> None:
+    """Save the model and its generation config into `work` (the tokenizer is there already),
+    then swap `work` in as `out`."""
     model.save_pretrained(work)
     GenerationConfig(do_sample=True, temperature=1.0, max_new_tokens=96,  # plain sampling: no top-k/top-p
                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(work)
-    old = args.out.with_name(args.out.name + ".old")
+    old = out.with_name(out.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
-    if args.out.exists():
-        args.out.rename(old)
-    work.rename(args.out)
+    if out.exists():
+        out.rename(old)
+    work.rename(out)
     shutil.rmtree(old, ignore_errors=True)
-    print(f"saved to {args.out} in {time.time() - start:.0f}s")
 
 
 if __name__ == "__main__":
