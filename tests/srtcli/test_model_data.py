@@ -78,3 +78,23 @@ def test_training_script_is_seeded_and_its_output_loads(tmp_path):
     model, tok = load_model_and_tokenizer(tmp_path / "a")
     assert model.config.hidden_size == 32 and tok.eos_token == "<|im_end|>"
     assert not (tmp_path / "a.tmp").exists()  # built aside and swapped in whole
+
+
+@pytest.mark.slow
+def test_agent_training_script_self_checks_and_its_output_loads(tmp_path, monkeypatch):
+    """The agent model's trainer (examples/agent): its data self-check (rollout's tokenization,
+    the template's own rendering) passes and a tiny run gives a model srt loads with the tool
+    chat template."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples/agent/train_model.py"
+    monkeypatch.syspath_prepend(str(path.parent))  # its agent_data, as when run as a script
+    spec = importlib.util.spec_from_file_location("agent_train_model", path)
+    agent_train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent_train)
+    agent_train.main(["--steps", "2", "--batch-size", "4", "--hidden", "32", "--layers", "1", "--heads", "2",
+                      "--vocab-size", "400", "--out", str(tmp_path / "m")])
+    model, tok = load_model_and_tokenizer(tmp_path / "m")
+    from srtcli.rollout.agent.formats import chat_format_for
+
+    assert chat_format_for(tok) and model.config.max_position_embeddings == 512
