@@ -74,3 +74,30 @@ def test_inline_and_zero_workers_run_in_the_callers_thread():
         assert runner.start(sleeper(log), [ToolCall("nap", {"seconds": 0.0})], finish, inline=inline) == ["slept 0.0"]
         runner.close()
     assert {name for _, _, name in log} == {threading.current_thread().name}
+
+
+def test_a_call_that_never_returns_is_replaced_and_does_not_hold_the_process(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent('''
+        import threading, time
+        from srtcli.rollout.agent.runner import ToolRunner
+        from srtcli.rollout.agent.toolset import ToolCall, ToolSession
+        runner = ToolRunner(workers=1, timeout=0.2)
+        hang = ToolSession({"hang": lambda: threading.Event().wait(), "ok": lambda: "fine"}, None)
+        turn = runner.start(hang, [ToolCall("hang", {})], lambda r: [t for _, t in r])
+        while (out := turn.poll()) is None:
+            turn.wait(0.05)
+        print(out[0])
+        turn = runner.start(hang, [ToolCall("ok", {})], lambda r: [t for _, t in r])  # the one worker is stuck
+        while (out := turn.poll()) is None:
+            turn.wait(0.05)
+        print(out[0])
+    ''')
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["error: the tool call timed out after 0.2 s", "fine"]
+    assert time.monotonic() - t0 < 30  # the hung thread did not keep the interpreter alive
