@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One prepared GPU session for the rollout engine (its CUDA measurements), sized for
-# the workplace's lent H200 (15 minutes of device time; this script runs ~7 of them).
+# the workplace's lent H200 (15 minutes of device time; this script runs ~11 of them).
 #
 # What it does, in order, writing everything under $OUT (default /tmp/srt-gpu):
 #   1. installs the two packages the GPU image lacks (lmdb, zstandard) from carried wheels and
@@ -20,7 +20,14 @@
 #   4. profiles epoch 3 of none and srt (cProfile): on a GPU the 1.2M-parameter model leaves
 #      host Python as the likely bottleneck, and this says where it goes;
 #   5. prints bench/proposer_bench.py (the vLLM proposer's host cost per row per step, 256 rows,
-#      1,000- and 8,192-token responses; CPU work, ~1 minute) on that machine's CPU.
+#      1,000- and 8,192-token responses; CPU work, ~1 minute) on that machine's CPU;
+#   6. where the image has vLLM (too large to carry: without it this prints one line and skips):
+#      the SRT speculator against `none` and vLLM's own `suffix` on CUDA, one engine each side by
+#      side (bench/rollout_bench.py --engine vllm: K = 8, T = 0, three epochs on one cache, the
+#      small head-32 Llama; `suffix` only where arctic_inference is importable, e.g. from a cp312
+#      wheel in .whl), printed, no file; then tests/srtcli/rollout/vllm/test_vllm_serve.py on CUDA:
+#      `vllm serve` with only the speculative config and SRT_CACHE, greedy outputs equal to a
+#      server without speculation, a restarted server drafting from the cache (~3 minutes).
 #
 # Prepare here (the GPU machine reaches no package index), once per checkout:
 #     echo /.whl/ >> .git/info/exclude
@@ -71,8 +78,23 @@ timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 16 --epochs 3 --too
 step "profile: where a step's time goes (host Python vs the model), none and srt, batch 32"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \
     --batch-size 32 --rollout-batch 8 --configs none,srt --profile "$OUT/profile_${DEV}_b32" 2>&1 | grep "^epoch 3"
+cat "$OUT/profile_${DEV}_b32"-*.txt > "$OUT/profile_${DEV}_b32.txt" 2>/dev/null && rm -f "$OUT/profile_${DEV}_b32"-*.txt
 step "SRT proposer host cost per vLLM step (CPU only; printed beside the CUDA figures, no file)"
 for t in 1000 8192; do
     timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens $t --steps 600 --own-tree 2>&1 | tail -6
 done
-step done  # 8 files in $OUT: the device tool brings back at most 8
+step "vLLM on $DEV: the SRT speculator against none and vLLM's suffix, then vllm serve with it"
+if $PY -c "import vllm" >/dev/null 2>&1; then
+    VCONF=none,srt
+    if $PY -c "import arctic_inference" >/dev/null 2>&1; then
+        VCONF=none,srt,suffix
+    else
+        echo "arctic_inference is not importable: vLLM's suffix is not measured"
+    fi
+    timeout 240 $PY bench/rollout_bench.py --engine vllm --limit 32 --epochs 3 -n 8 --max-new-tokens 96 \
+        --batch-size 64 --configs $VCONF 2>&1 | grep -E "^(epoch |\||[a-z]+: vLLM engine)" | tail -30
+    timeout 180 $PY -m pytest -q -p no:cacheprovider tests/srtcli/rollout/vllm/test_vllm_serve.py 2>&1 | tail -5
+else
+    echo "vllm is not installed in this image: the vLLM measurements are skipped"
+fi
+step done  # 8 files in $OUT (the two profiles in one): the device tool brings back at most 8

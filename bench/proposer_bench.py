@@ -147,11 +147,11 @@ def run(args: argparse.Namespace) -> dict:
     k = args.rows // args.prompts
     prompts = args.prompts + (args.steps * ADMIT) // k + 2
     work, arctic_work = (Workload(args.seed, k, args.tokens, prompts) for _ in range(2))
-    table = Table(None, {f"{p:032x}": ids for p, ids in enumerate(work.prompts)}, k, args.tokens, [EOS])
+    table = Table(None, args.tokens, [EOS], adaptive=True, fingerprint="tok1-bench")
     max_model_len = PROMPT_LEN + args.tokens + 8
     kinds = {"srt": (TreeDrafts(table, BUDGET, max_model_len), Batch(work, args.rows))}
     if args.own_tree:  # the same without the run-wide tree: what the prompt trees and tracking cost
-        own = Table(None, table.prompts, k, args.tokens, [EOS], shared=False)
+        own = Table(None, args.tokens, [EOS], adaptive=True, shared=False, fingerprint="tok1-bench")
         kinds["srt-own"] = (TreeDrafts(own, BUDGET, max_model_len), Batch(Workload(args.seed, k, args.tokens, prompts), args.rows))
     try:
         kinds["arctic"] = (Arctic(max_model_len), Batch(arctic_work, args.rows))

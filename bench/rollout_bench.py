@@ -18,9 +18,9 @@ least as fast as HF generate. Not a test; timings are noisy on a shared machine.
 object kept across the epochs; without arctic_inference it is skipped with a one-line note.
 
 `--engine vllm` runs the same rollouts through vLLM (srtcli.rollout.vllm.engine.VllmBackend): none,
-vLLM's built-in ngram proposer and the SRT proposer, one engine each, built once and kept across
-the epochs (start-up is not in the timings). It needs a Python with vLLM (docs/vllm.md), never
-the main venv:
+vLLM's built-in ngram proposer and the SRT proposer (`--configs` may add vLLM's suffix), one
+engine each, built once and kept across the epochs (start-up is not in the timings). It needs a
+Python with vLLM (docs/vllm.md), never the main venv:
 
     /tmp/vv/bin/python bench/rollout_bench.py --engine vllm --limit 32 -n 8 --max-new-tokens 64 --batch-size 64
     .venv-vllm/bin/python bench/rollout_bench.py --engine vllm ...
@@ -79,7 +79,8 @@ def model_dir(arg: str | None, work: Path) -> Path:
     return make_model_dir(work / "random-model", sharp=60.0)
 
 
-VLLM_CONFIGS = ("none", "ngram", "srt")
+VLLM_CONFIGS = ("none", "ngram", "suffix", "srt")  # any of these with --configs
+VLLM_DEFAULT = ("none", "ngram", "srt")  # suffix is vLLM's own and needs arctic-inference
 
 
 def vllm_model_dir(work: Path) -> Path:
@@ -90,21 +91,22 @@ def vllm_model_dir(work: Path) -> Path:
 
 
 def run_vllm(args, model: Path, prompts: Path, work: Path, names: list[str]) -> dict[str, list[dict]]:
-    """Every config's engine built once (ngram last: vLLM's process-wide metrics belong to the
-    engine built last, and ngram has no counters of its own; srt's stand in for vLLM's), then
-    the epochs interleaved over the configs."""
+    """Every config's engine built once (ngram or suffix last: vLLM's process-wide metrics belong
+    to the engine built last, and those have no counters of their own; srt's stand in for
+    vLLM's), each given a share of the GPU, then the epochs interleaved over the configs."""
     from vllm import SamplingParams
 
     from srtcli.rollout.config import RolloutConfig
     from srtcli.rollout.driver import run_rollout
-    from srtcli.rollout.vllm.engine import VllmBackend, make_llm
+    from srtcli.rollout.vllm.engine import VllmBackend, make_llm, on_cpu
 
     ctx = int(json.loads((model / "config.json").read_text()).get("max_position_embeddings") or 2048)
     llms = {}
-    for name in sorted(names, key=lambda n: n == "ngram"):
+    share = None if on_cpu() else round(0.8 / len(names), 2)  # the engines side by side on one GPU
+    for name in sorted(names, key=lambda n: n in ("ngram", "suffix")):
         o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / "pool")
         t0 = time.perf_counter()
-        llms[name] = make_llm(RolloutConfig(**o, tensor_parallel_size=1), model, ctx)
+        llms[name] = make_llm(RolloutConfig(**o, tensor_parallel_size=1, gpu_memory_utilization=share), model, ctx)
         # one small untimed batch: the first generate of an engine pays one-off warm-up costs
         llms[name].generate([{"prompt_token_ids": [1, 2, 3, 4]}] * 8, SamplingParams(temperature=0, max_tokens=16),
                             use_tqdm=False)
@@ -223,7 +225,7 @@ def main() -> None:
     lines = [ln for ln in Path(args.prompts).read_text().splitlines() if ln.strip()]
     prompts.write_text("\n".join(lines[: args.limit] if args.limit else lines) + "\n")
     if args.engine == "vllm":
-        names = [n for n in args.configs.split(",") if n in VLLM_CONFIGS] if args.configs else list(VLLM_CONFIGS)
+        names = [n for n in args.configs.split(",") if n in VLLM_CONFIGS] if args.configs else list(VLLM_DEFAULT)
         model = Path(args.model) if args.model else vllm_model_dir(work)
         results = run_vllm(args, model, prompts, work, names)
         report_vllm(results, names, args.epochs)

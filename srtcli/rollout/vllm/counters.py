@@ -5,9 +5,26 @@ vLLM-only summary keys.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from srtcli.rollout.summary import Counts
+
+
+@dataclass
+class Counters:
+    """The SRT proposer's own counts in the worker (`TreeDrafts.c`), returned by `srt_finish`."""
+
+    steps: int = 0  # propose calls (one per engine step)
+    row_forwards: int = 0  # rows that sampled tokens in a step (the embedded engine's row forwards)
+    rows: int = 0  # rows that could be drafted for
+    drafted_rows: int = 0  # rows given a non-empty draft
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0  # drafted tokens the row then kept (srt's own count)
+    groups: int = 0  # groups loaded (filled in from the trees by `finish`)
+    hits: int = 0
+    resumed_rows: int = 0  # sequences that left the batch and came back as themselves
+    commits: int = 0
 
 
 def spec_metrics(llm: Any) -> dict[str, float]:
@@ -55,5 +72,5 @@ def vllm_counts(generated: int, srt: dict, vm: dict, budget: int) -> tuple[Count
         "srt_drafted_tokens": srt.get("drafted_tokens", 0),
         "srt_accepted_tokens": srt.get("accepted_tokens", 0),
         "srt_drafted_rows": srt.get("drafted_rows", 0),
-        "srt_unknown_rows": srt.get("unknown_rows", 0),
+        "srt_resumed_rows": srt.get("resumed_rows", 0),
     }

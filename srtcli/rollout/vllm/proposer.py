@@ -1,32 +1,45 @@
 """The SRT drafter as a vLLM speculative proposer (`method="custom_class"`), run in vLLM's worker.
 
-vLLM (0.32) builds `SrtProposer(vllm_config)` inside its worker process and, after every step,
-calls `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)`; the
-drafting itself is `tree_drafts.TreeDrafts`, which fills the cache exactly as the embedded
-`srt` drafter does.
+One configuration for any vLLM user (`vllm serve`, `vllm.LLM`, an RL framework's engine):
 
-The rollout driver talks to the worker through vLLM's `collective_rpc` and
-`SrtWorkerExtension` (mixed into the worker, so no code is pickled): `srt_reload(path)` before
-a rollout reads the prompt table (`table.Table`: prompts, cache path, K, limits;
-`$SRT_VLLM_TABLE` names one at start-up instead), and `srt_finish` after each `generate` ends
-every sequence, appends the new sequences to the store, and returns this worker's counters.
-With tensor parallelism every rank drafts the same way but only rank 0 writes LMDB, so each
-rollout is stored once.
+    speculative_config={"method": "custom_class",
+                        "model": "srtcli.rollout.vllm.proposer.SrtProposer",
+                        "num_speculative_tokens": 8}
 
-The two classes' dotted paths, `srtcli.rollout.vllm.proposer.SrtProposer` and
-`srtcli.rollout.vllm.proposer.SrtWorkerExtension`, are what users pass to vLLM.
+with `$SRT_CACHE` naming the cache (default `~/.cache/srt`, as for every srt command). vLLM
+(0.32) builds `SrtProposer(vllm_config)` inside its worker process and, after every step, calls
+`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)`; the drafting is
+`tree_drafts.TreeDrafts`: a request's prompt is what its row held when first seen, rows with
+one prompt share one tree, loaded from the cache and committed back as sequences end
+(`commits`). The tokenizer's fingerprint, eos ids and draft defaults come from vLLM's config
+(`worker_facts`), so prompt uids are the ones `srt rollout` and `srt cache add` write.
+What is waiting is appended when vLLM has been idle for a while (a thread here) and when the
+process exits normally (a multiprocessing finalizer; `vllm serve` lets its processes exit only
+with `--shutdown-timeout` > 0, else it kills them: then what was committed stays).
+
+`srt rollout --engine vllm` is one user of this path: it also mixes `SrtWorkerExtension` into
+the worker (`worker_extension_cls`), so no cache is opened at start-up; it calls
+`collective_rpc("srt_reload", path)` before a rollout (its `table.Table`: the cache, the length
+cap, draft options; `$SRT_VLLM_TABLE` names one at start-up instead), and `srt_finish` after
+each `generate`, which ends every sequence, appends and returns the counters. With tensor
+parallelism every rank drafts the same way but only rank 0 writes LMDB.
 """
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
-from pathlib import Path
+import threading
+import time
+import weakref
 from typing import Any
 
 import numpy as np
 
+from srtcli.rollout.vllm.commits import commit_settings, open_store
 from srtcli.rollout.vllm.table import TABLE_ENV, Table, read_table
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
+from srtcli.rollout.vllm.worker_facts import completed, model_facts
 
 
 class SrtProposer:
@@ -36,22 +49,38 @@ class SrtProposer:
     def __init__(self, vllm_config: Any):
         self.budget = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
-        self.drafts = TreeDrafts(Table(None, {}, 1, 1, []), self.budget, self.max_model_len)
+        self.facts = model_facts(vllm_config)
+        self.commit_every, self.commit_seconds = commit_settings()
+        self.drafts = self._drafts(Table(), None)
         if os.environ.get(TABLE_ENV):
             self.reload(os.environ[TABLE_ENV])
+        elif not _driven(vllm_config):
+            from srtcli.cache import default_cache_dir
 
-    def reload(self, path: str) -> None:
-        """Start a rollout: read its table (prompts, cache); pending sequences are appended first."""
+            self.start(Table(cache=str(default_cache_dir())))
+        _idle_commits(self, self.commit_seconds)
+        multiprocessing.util.Finalize(self, self.close, exitpriority=10)
+
+    def _drafts(self, table: Table, store: Any) -> TreeDrafts:
+        return TreeDrafts(completed(table, self.facts), self.budget, self.max_model_len, store,
+                          writer=_is_rank0(), commit_every=self.commit_every, commit_seconds=self.commit_seconds)
+
+    def start(self, table: Table) -> None:
+        """Draft with these settings from now on; what is pending is appended first."""
+        self.close()
+        self.drafts = self._drafts(table, open_store(table.cache))
+
+    def reload(self, path: str) -> str:
+        """Start a rollout with the table at `path`; the tokenizer fingerprint drafts run under."""
+        self.start(read_table(path))
+        return str(self.drafts.table.fingerprint)
+
+    def close(self) -> None:
+        """End every sequence, append, close the store."""
         self.drafts.finish()
         if self.drafts.trees.store is not None:
             self.drafts.trees.store.close()
-        table = read_table(path)
-        store = None
-        if table.cache is not None:
-            from cache_store.seqstore import LmdbSequenceStore
-
-            store = LmdbSequenceStore.open(Path(table.cache))
-        self.drafts = TreeDrafts(table, self.budget, self.max_model_len, store, writer=_is_rank0())
+            self.drafts.trees.store = None
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """The CPU runner calls this on drafters; a tree needs no model."""
@@ -59,6 +88,26 @@ class SrtProposer:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
         return self.drafts.propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+
+
+def _idle_commits(proposer: SrtProposer, seconds: float) -> None:
+    """A daemon thread that looks every `seconds` / 2 whether vLLM is idle, to append what waits."""
+    ref = weakref.ref(proposer)
+
+    def loop() -> None:
+        while (p := ref()) is not None:
+            p.drafts.commit_if_idle()
+            del p
+            time.sleep(max(seconds / 2, 0.05))
+
+    threading.Thread(target=loop, name="srt-idle-commits", daemon=True).start()
+
+
+def _driven(vllm_config: Any) -> bool:
+    """Whether srt's own driver runs this engine (it mixes in `SrtWorkerExtension` and calls
+    `srt_reload` before drafting), so nothing is opened at start-up."""
+    ext = getattr(vllm_config.parallel_config, "worker_extension_cls", "") or ""
+    return ext == f"{SrtWorkerExtension.__module__}.{SrtWorkerExtension.__qualname__}"
 
 
 def _is_rank0() -> bool:
@@ -78,11 +127,10 @@ class SrtWorkerExtension:
         drafter = getattr(getattr(self, "model_runner", None), "drafter", None)
         return drafter if isinstance(drafter, SrtProposer) else None
 
-    def srt_reload(self, path: str) -> bool:
+    def srt_reload(self, path: str) -> str:
+        """Read the driver's table; the tokenizer fingerprint ("" without the SRT proposer)."""
         p = self._srt()
-        if p is not None:
-            p.reload(path)
-        return p is not None
+        return p.reload(path) if p is not None else ""
 
     def srt_finish(self) -> dict[str, int]:
         p = self._srt()

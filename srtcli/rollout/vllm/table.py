@@ -1,6 +1,11 @@
-"""The prompt table the rollout driver writes for the SRT proposer in vLLM's worker: the cache,
-the prompts srt submitted, and the draft settings. The worker reads it when the driver calls
-`srt_reload(path)` before a rollout, or at start-up from the file `$SRT_VLLM_TABLE` names.
+"""The SRT proposer's settings in vLLM's worker: the cache, the length cap, eos, draft options.
+
+A server (`vllm serve`, `vllm.LLM`, an RL framework's vLLM) passes none: the proposer then uses
+`Table(cache=$SRT_CACHE or ~/.cache/srt)` and fills in the rest from the model (`worker_facts`).
+`srt rollout --engine vllm` writes one as JSON and tells the worker to read it
+(`srt_reload(path)` before a rollout), or names one in `$SRT_VLLM_TABLE` at start-up; it lists
+no prompts: every user of the proposer goes through the same first-seen prompt rule
+(`tree_drafts`).
 """
 
 from __future__ import annotations
@@ -14,16 +19,15 @@ TABLE_ENV = "SRT_VLLM_TABLE"
 
 @dataclass
 class Table:
-    """What the worker needs: the cache, the prompts srt submitted, and the draft settings."""
+    """What the worker drafts with; None fields are filled in from the model and platform."""
 
-    cache: str | None  # None: draft from in-memory trees only
-    prompts: dict[str, list[int]]  # uid -> prompt ids
-    k: int  # samples per prompt (a group is done when all K are)
-    max_new_tokens: int
-    eos_ids: list[int]
+    cache: str | None = None  # None: draft from in-memory trees only
+    max_new_tokens: int | None = None  # None: no cap of srt's (vLLM's own max_tokens ends requests)
+    eos_ids: list[int] | None = None  # None: the tokenizer's and generation config's eos
     min_prob: float = 0.1
-    adaptive: bool = True  # the embedded engine's adaptive draft length (--adaptive-budget)
+    adaptive: bool | None = None  # the embedded engine's adaptive draft length; None: on unless CUDA
     shared: bool = True  # also draft from a run-wide tree (--shared-tree)
+    fingerprint: str | None = None  # the tokenizer's (srtcli.tokenizers); None: computed in the worker
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)

@@ -1,8 +1,8 @@
 """The proposer's incremental row tracking (a row is recognised by its length and the tokens
 before it) gives the same drafts and stores the same sequences as recognising every row by
 its whole token row, on random vLLM-like step sequences: rows that move (condense, swaps),
-preempted requests that come back, finished rows (eos, junk after eos, the length cap), rows
-of prompts the table does not know, a prompt that is a prefix of another, a shrinking batch."""
+preempted requests that come back (as themselves), finished rows (eos, junk after eos, the
+length cap), a prompt that is a prefix of another, a shrinking batch."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ import numpy as np
 import pytest
 
 from cache_store.seqstore import LmdbSequenceStore
+from cache_store.uid import prompt_uid
 from srtcli.rollout.drafters.group_trees import DEPTH
 from srtcli.rollout.drafters.srt import best_draft
 from srtcli.rollout.vllm.table import Table
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 
-EOS, MAX_NEW, WIDTH = 2, 40, 96
-PROMPTS = {"a" * 32: [5, 6, 7], "b" * 32: [5, 6, 7, 8, 9], "c" * 32: [11, 12], "d" * 32: [13, 14, 15, 16]}
-UNKNOWN = [99, 98, 97]
+EOS, MAX_NEW, WIDTH, FP = 2, 40, 96, "tok1-test"
+PROMPTS = {prompt_uid(p, FP): p for p in ([5, 6, 7], [5, 6, 7, 8, 9], [11, 12], [13, 14, 15, 16])}
+OTHER = [99, 98, 97]  # a few more requests, one sample each
 
 
 class WholeRowTracking(TreeDrafts):
@@ -27,14 +28,17 @@ class WholeRowTracking(TreeDrafts):
     had (the whole row compared every step, the history concatenated), drafts looked up from
     the row's last tokens in the group's tree."""
 
+    def _new_seq(self, row, plen):
+        s = super()._new_seq(row, plen)
+        s.hist = np.array(row[:plen], dtype=np.int64)  # every token of the row seen so far
+        return s
+
     def _seen(self, s) -> np.ndarray:
-        if not hasattr(s, "hist"):  # every token of the row seen so far
-            s.hist = np.asarray(self.table.prompts[s.uid], dtype=np.int64)
         return s.hist
 
     def _continues(self, s, row, n) -> bool:
         m = len(self._seen(s))
-        return not s.ended and n >= m and np.array_equal(row[:m], self._seen(s))
+        return n >= m and np.array_equal(row[:m], self._seen(s))
 
     def _moved(self, free, row, n):
         return next((s for s in free.values() if self._continues(s, row, n)), None)
@@ -50,11 +54,9 @@ class WholeRowTracking(TreeDrafts):
         for i in range(len(sampled)):
             if i in cur or not len(sampled[i]):
                 continue
-            s = self._arrived(free, ids[i], int(num[i]))
-            if s is not None:
-                cur[i] = s
+            cur[i] = self._arrived(free, ids[i], int(num[i]), len(sampled[i]))
         for s in free.values():
-            self._end(s)
+            self._left(s)
         return cur
 
     def _remember(self, ids) -> None:
@@ -85,9 +87,9 @@ class WholeRowTracking(TreeDrafts):
 
 
 def requests(rng: random.Random, n: int) -> list[list]:
-    """[prompt ids, output] per request: K=3 per known prompt, copies of a few paths over a
-    small vocabulary (rows often share their last tokens), some ended by eos (junk after it),
-    some past the cap, and rows of an unknown prompt."""
+    """[prompt ids, output] per request: K=3 per prompt, copies of a few paths over a small
+    vocabulary (rows often share their last tokens), some ended by eos (junk after it), some
+    past the cap, and three requests of one more prompt."""
     out = []
     for uid, p in list(PROMPTS.items()) * (n // 12 + 1):
         path = [rng.randrange(20, 26) for _ in range(MAX_NEW + 20)]
@@ -96,7 +98,7 @@ def requests(rng: random.Random, n: int) -> list[list]:
             if rng.random() < 0.4:
                 o = o[: rng.randint(0, len(o))] + [EOS, 33]
             out.append([list(p), o])
-    out += [[list(UNKNOWN), [rng.randrange(20, 26) for _ in range(8)]] for _ in range(3)]
+    out += [[list(OTHER), [rng.randrange(20, 26) for _ in range(8)]] for _ in range(3)]
     rng.shuffle(out)
     return out
 
@@ -171,13 +173,13 @@ def drive(drafts: TreeDrafts, seed: int, slots: int) -> tuple[list, dict]:
 
 
 def stored(store: LmdbSequenceStore) -> dict[str, list[tuple[int, ...]]]:
-    return {u: sorted(tuple(x.tokens) for x in store.read(u)) for u in PROMPTS}
+    return {u: sorted(tuple(x.tokens) for x in store.read(u)) for u in store.uids()}
 
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("shared", [True, False])
 def test_incremental_tracking_drafts_and_stores_what_whole_row_tracking_does(tmp_path, seed, shared):
-    table = Table(None, PROMPTS, 3, MAX_NEW, [EOS], shared=shared)
+    table = Table(None, MAX_NEW, [EOS], adaptive=True, shared=shared, fingerprint=FP)
     got, want = {}, {}
     for name, cls, out in (("new", TreeDrafts, got), ("ref", WholeRowTracking, want)):
         table.cache = str(tmp_path / name)
@@ -186,12 +188,13 @@ def test_incremental_tracking_drafts_and_stores_what_whole_row_tracking_does(tmp
             out["stored"] = stored(store)
     assert got["drafts"] == want["drafts"]
     assert got["stored"] == want["stored"] and got["counts"] == want["counts"]
-    assert want["counts"]["drafted_tokens"] > 0 and want["counts"]["unknown_rows"] > 0
+    assert want["counts"]["drafted_tokens"] > 0 and want["counts"]["resumed_rows"] > 0
+    assert set(PROMPTS) <= set(want["stored"])
 
 
 def test_a_row_whose_tokens_before_its_length_changed_is_not_taken_for_the_same_sequence():
-    d = TreeDrafts(Table(None, PROMPTS, 3, MAX_NEW, [EOS]), 4, WIDTH - 8)
-    p = PROMPTS["c" * 32]
+    d = TreeDrafts(Table(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP), 4, WIDTH - 8)
+    p = [11, 12]
     ids = np.zeros((1, WIDTH), dtype=np.int64)
     ids[0, : len(p) + 3] = p + [20, 21, 22]
     d.propose([[20, 21, 22]], np.array([len(p) + 3]), ids)
@@ -199,12 +202,14 @@ def test_a_row_whose_tokens_before_its_length_changed_is_not_taken_for_the_same_
     ids[0, len(p) + 1] = 25  # another sequence of the prompt, as long, now in the row
     ids[0, len(p) + 3] = 23
     d.propose([[25, 22, 23]], np.array([len(p) + 4]), ids)
-    assert d.rows[0] is not first and first.ended
+    assert d.rows[0] is not first and first in d.away.values()  # out of the batch: it may come back
+    d.finish()
+    assert first.ended
 
 
 def test_rows_after_a_finished_batch_are_new_sequences_of_the_next():
-    d = TreeDrafts(Table(None, PROMPTS, 3, MAX_NEW, [EOS]), 4, WIDTH - 8)
-    p = PROMPTS["c" * 32]
+    d = TreeDrafts(Table(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP), 4, WIDTH - 8)
+    p = [11, 12]
     ids = np.zeros((2, WIDTH), dtype=np.int64)
     ids[:, : len(p) + 2] = p + [20, 21]
     d.propose([[20, 21], [20, 21]], np.array([len(p) + 2] * 2), ids)

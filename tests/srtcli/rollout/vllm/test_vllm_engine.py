@@ -6,8 +6,11 @@ lacks. Two engines are shared by the module (start-up is slow on CPU): plain and
 proposer. Checked: greedy outputs with SRT drafts equal plain vLLM token for token while many
 drafts are accepted; a second run on the same cache accepts more; the cache written by one
 engine is read by the other (and both store the same sequences); sampling with speculation on CPU
-is refused, sampling without it works. The last test builds a third engine with vLLM's own
-ngram proposer (`--draft ngram`): greedy outputs equal plain vLLM's, with drafts accepted.
+is refused, sampling without it works. The last two tests build engines with vLLM's own
+proposers: ngram (`--draft ngram`: greedy outputs equal plain vLLM's, with drafts accepted) and,
+where ArcticInference is installed, suffix (`--draft suffix`: the same, and a second rollout on
+the engine accepts more, from the responses its suffix cache holds); without ArcticInference
+`--draft suffix` is refused in one line.
 """
 
 from __future__ import annotations
@@ -186,8 +189,8 @@ def test_resume_keeps_whole_groups_and_rolls_out_the_rest(llms, model_dir, promp
 
 def test_greedy_with_vllm_ngram_equals_plain_vllm(llms, model_dir, prompts, tmp_path):
     """vLLM's own ngram proposer (`--draft ngram`): same greedy tokens as no speculation, with
-    drafts accepted; sampling with it on CPU is refused like srt's. Last in the module: its
-    engine, built last, takes over vLLM's process-wide metrics."""
+    drafts accepted; sampling with it on CPU is refused like srt's. Its engine, built after the
+    module's, takes over vLLM's process-wide metrics."""
     _, plain = llms
     base = run_vllm(plain, opts(model_dir, prompts, tmp_path, draft="none",
                                               out=str(tmp_path / "p.jsonl")))
@@ -195,9 +198,6 @@ def test_greedy_with_vllm_ngram_equals_plain_vllm(llms, model_dir, prompts, tmp_
     with pytest.raises(SrtError) as e:
         run_vllm(plain, replace(o, temperature=1.0))
     assert "not exact" in e.value.message
-    with pytest.raises(SrtError) as e:  # the embedded engine's suffix drafter has no vLLM counterpart
-        run_vllm(plain, replace(o, draft="suffix"))
-    assert "not suffix" in e.value.message
     ngram = make_llm(o, model_dir, 256)
     try:
         r = run_vllm(ngram, o)
@@ -207,3 +207,29 @@ def test_greedy_with_vllm_ngram_equals_plain_vllm(llms, model_dir, prompts, tmp_
     assert r["vllm_num_drafts"] > 0 and r["accepted_draft_tokens"] > 0
     assert r["accepted_per_forward"] > 1.0 and r["cache_hit_rate"] is None
     assert not (tmp_path / "cache").exists()  # ngram uses no cache
+
+
+def test_greedy_with_vllm_suffix_equals_plain_vllm(llms, model_dir, prompts, tmp_path):
+    """vLLM's own suffix method (`--draft suffix`, ArcticInference's SuffixDecoding): same greedy
+    tokens as no speculation; its response cache makes a second rollout accept more. Last in the
+    module: its engine, built last, takes over vLLM's metrics."""
+    import importlib.util
+
+    _, plain = llms
+    base = run_vllm(plain, opts(model_dir, prompts, tmp_path, draft="none", out=str(tmp_path / "p.jsonl")))
+    o = opts(model_dir, prompts, tmp_path, draft="suffix", out=str(tmp_path / "s.jsonl"))
+    if importlib.util.find_spec("arctic_inference") is None:
+        with pytest.raises(SrtError) as e:
+            run_vllm(plain, o)
+        assert "arctic-inference" in e.value.message and "\n" not in e.value.message
+        pytest.skip("ArcticInference is not installed: --draft suffix refused (checked)")
+    suffix = make_llm(o, model_dir, 256)
+    try:
+        first = run_vllm(suffix, o)
+        second = run_vllm(suffix, replace(o, out=str(tmp_path / "s2.jsonl")))
+    finally:
+        suffix.llm_engine.engine_core.shutdown()
+    assert outputs(first["pool"]) == outputs(base["pool"]) == outputs(second["pool"])
+    assert first["vllm_num_drafts"] > 0 and second["accepted_draft_tokens"] > first["accepted_draft_tokens"]
+    assert second["accepted_per_forward"] > 2.0 and first["cache_hit_rate"] is None
+    assert not (tmp_path / "cache").exists()  # suffix uses no srt cache

@@ -1,6 +1,8 @@
 """The vLLM-side SRT proposer without vLLM: row tracking over vLLM's persistent batch arrays,
 the sequences it stores (must equal what the embedded srt drafter stores for the same
-sequences, in a real LMDB sequence store), drafting limits, and the engine's option checks (CPU sampling refusal)."""
+sequences, in a real LMDB sequence store), drafting limits, and the engine's option checks (CPU
+sampling refusal). Prompts are found as a server finds them: what a row held before its first
+sampled tokens, keyed by `prompt_uid` under a tokenizer fingerprint."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 
 from cache_store.seqstore import LmdbSequenceStore, load_tree
+from cache_store.uid import prompt_uid
 from srtcli.rollout.drafters.srt import SrtDrafter
 from srtcli.rollout.engine.sequence import Sequence
 from srtcli.errors import SrtError
@@ -22,8 +25,10 @@ from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 
 EOS = 2
 MAX_NEW = 10
-UID_A, UID_B, UID_C = "a" * 32, "b" * 32, "c" * 32
-PROMPTS = {UID_A: [5, 6, 7], UID_B: [5, 6, 7, 8, 9], UID_C: [11, 12]}  # a is a prefix of b
+FP = "tok1-test"
+A, B, C = [5, 6, 7], [5, 6, 7, 8, 9], [11, 12]  # a is a prefix of b
+UID_A, UID_B, UID_C = (prompt_uid(p, FP) for p in (A, B, C))
+PROMPTS = {UID_A: A, UID_B: B, UID_C: C}
 
 
 def _outputs(rng: random.Random) -> list[tuple[str, list[int]]]:
@@ -104,8 +109,8 @@ class NoMoveTracking(TreeDrafts):
         return None
 
 
-def _table(cache: Path | None) -> Table:
-    return Table(str(cache) if cache else None, PROMPTS, 3, MAX_NEW, [EOS])
+def _table(cache: Path | None, **kw) -> Table:
+    return Table(str(cache) if cache else None, MAX_NEW, [EOS], fingerprint=FP, **{"adaptive": True, **kw})
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -131,7 +136,7 @@ def test_second_run_drafts_from_the_cache_and_drafts_respect_limits(tmp_path):
         assert c0["groups"] == 3 and c0["hits"] == 0
         second = TreeDrafts(_table(tmp_path / "c"), budget=4, max_model_len=64, store=store)
         props, c2 = simulate(second, seqs, 4, random.Random(4))
-        assert c2["groups"] == 3 and c2["hits"] == 3 and c2["unknown_rows"] == 0
+        assert c2["groups"] == 3 and c2["hits"] == 3 and c2["resumed_rows"] == 0
         assert sum(len(p) for step in props for p in step) == c2["drafted_tokens"] > 0
         assert all(len(p) <= 4 for step in props for p in step)
     # drafts are what followed the context in the stored tree, the most frequent path
@@ -149,15 +154,16 @@ def test_second_run_drafts_from_the_cache_and_drafts_respect_limits(tmp_path):
         assert short.propose([[out[0]]], np.array([len(p) + 1]), ids)[0] == []
 
 
-def test_rows_of_unknown_prompts_get_no_drafts_and_prefix_prompts_are_told_apart(tmp_path):
+def test_a_rows_prompt_is_what_it_held_before_its_first_sampled_tokens(tmp_path):
     d = TreeDrafts(_table(None), budget=4, max_model_len=64)
-    ids = np.zeros((3, 64), dtype=np.int64)
-    ids[0, :4] = [99, 98, 97, 20]  # not a prompt srt submitted
+    ids = np.zeros((4, 64), dtype=np.int64)
+    ids[0, :4] = [99, 98, 97, 20]  # any prompt: nothing tells the proposer its prompts beforehand
     ids[1, :6] = [5, 6, 7, 8, 9, 21]  # prompt b, though prompt a is a prefix of it
     ids[2, :4] = [5, 6, 7, 22]  # prompt a
-    d.propose([[20], [21], [22]], np.array([4, 6, 4]), ids)
-    assert d.c.unknown_rows == 1
-    assert d.rows[1].uid == UID_B and d.rows[2].uid == UID_A
+    ids[3, :5] = [5, 6, 7, 22, 23]  # prompt a again, first seen with two kept tokens
+    d.propose([[20], [21], [22], [22, 23]], np.array([4, 6, 4, 5]), ids)
+    assert [d.rows[i].uid for i in range(4)] == [prompt_uid([99, 98, 97], FP), UID_B, UID_A, UID_A]
+    assert d.rows[2].group is d.rows[3].group  # one prompt, one tree
     assert DEPTH == 64
 
 
@@ -182,10 +188,25 @@ def test_refuses_speculative_sampling_on_cpu_only():
     assert refusal(_opts(temperature=1.0), on_cpu=False) is None
     assert "tools" in refusal(_opts(tools="calculator"), on_cpu=False)
     assert refusal(_opts(tools="none"), on_cpu=False) is None
-    assert "suffix" in refusal(_opts(draft="suffix"), on_cpu=False)
-    assert refusal(_opts(draft="ngram"), on_cpu=False) is None
-    assert "not exact" in refusal(_opts(draft="ngram", temperature=1.0), on_cpu=True)
+    assert "ngram, suffix or none" in refusal(_opts(draft="other"), on_cpu=False)
+    for vllm_method in ("ngram", "suffix"):  # vLLM's own proposers
+        assert refusal(_opts(draft=vllm_method), on_cpu=False) is None
+        assert "not exact" in refusal(_opts(draft=vllm_method, temperature=1.0), on_cpu=True)
     assert "embedded engine" in refusal(_opts(draft_mode="tree"), on_cpu=False)
+
+
+def test_vllm_suffix_without_arctic_inference_is_one_line(monkeypatch):
+    import importlib.util
+
+    from srtcli.rollout.vllm.engine import check_suffix
+
+    check_suffix(_opts(draft="ngram"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "arctic_inference" else real(name))
+    with pytest.raises(SrtError) as e:  # before vLLM builds an engine that would fail inside
+        check_suffix(_opts(draft="suffix"))
+    assert "pip install arctic-inference" in e.value.message and "\n" not in e.value.message
+    check_suffix(_opts(draft="suffix", budget=0))  # no speculation: plain vLLM
 
 
 def test_head_sizes_vllm_cpu_lacks_are_one_line_errors():
@@ -205,7 +226,7 @@ def test_draft_length_adapts_to_what_the_row_accepted():
     ids[0, : len(p) + len(a_out)] = p + a_out  # row 0 has generated 30 31 30 31 ...
     ids[1, : len(p) + 1] = p + [30]
     num = np.array([len(p) + len(a_out), len(p) + 1])
-    first = d.propose([[31], [30]], num, ids)[1]
+    first = d.propose([a_out, [30]], num, ids)[1]  # row 0 first seen with all it kept: prompt p
     assert first == [31, 30, 31, 30]  # the full budget
     ids[1, 3:5] = [31, 40]  # kept one draft token, then vLLM's correction (40)
     num[1] += 2
@@ -213,11 +234,11 @@ def test_draft_length_adapts_to_what_the_row_accepted():
     ids[1, 5] = 30
     num[1] += 1
     assert d.propose([[31], [30]], num, ids)[1] == [31, 30]  # shrunk to accepted + 1 = 2
-    fixed = TreeDrafts(Table(None, PROMPTS, 3, MAX_NEW, [EOS], adaptive=False), budget=4, max_model_len=64)
+    fixed = TreeDrafts(_table(None, adaptive=False), budget=4, max_model_len=64)
     ids[1, 3:] = 0
     ids[1, : len(p) + 1] = p + [30]
     num[1] = len(p) + 1
-    fixed.propose([[31], [30]], num, ids)
+    fixed.propose([a_out, [30]], num, ids)
     ids[1, 3:5] = [31, 40]
     num[1] += 2
     fixed.propose([[31], [31, 40]], num, ids)
@@ -228,11 +249,11 @@ def test_draft_length_adapts_to_what_the_row_accepted():
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_a_row_drafts_from_the_run_wide_tree_as_the_embedded_drafter_does(shared):
-    d = TreeDrafts(Table(None, PROMPTS, 3, MAX_NEW, [EOS], shared=shared), budget=4, max_model_len=64)
+    d = TreeDrafts(_table(None, shared=shared), budget=4, max_model_len=64)
     a, c = PROMPTS[UID_A], PROMPTS[UID_C]
     ids = np.zeros((2, 64), dtype=np.int64)
     ids[0, : len(a) + 5] = a + [30, 31, 32, 33, 34]  # prompt a's row has generated 30 31 32 33 34
     ids[1, : len(c) + 1] = c + [30]  # prompt c's row: its own tree has nothing after 30
     num = np.array([len(a) + 5, len(c) + 1])
-    out = d.propose([[34], [30]], num, ids)[1]
+    out = d.propose([[30, 31, 32, 33, 34], [30]], num, ids)[1]
     assert out == ([31, 32, 33, 34] if shared else [])

@@ -1,0 +1,160 @@
+"""Which prompt trees the vLLM proposer keeps in memory, and when its sequences reach the cache.
+
+No driver says when a group of samples is done, so the proposer works per sequence. A prompt's
+group (`GroupTrees`: its tree loaded from the store, or new) stays in memory while any of its
+sequences is live, and after that among the `idle_groups` most recently idle groups, so samples
+of the prompt that come later (more samples than the batch holds, the next epoch on the same
+server) draft from the same tree, sequences not yet committed included.
+
+A sequence is committed when it ends: its tokens wait in `pending` and go to the store in one
+`append_many` once `commit_every` are waiting or the oldest has waited `commit_seconds`
+(checked at every engine step, and by the proposer when vLLM is idle), and at the end of a
+rollout batch or of the process. An idle group leaving memory has its waiting sequences
+appended first, so a later load of the prompt reads them back. What a killed worker loses is
+the waiting sequences: each append is one LMDB transaction, so the store is never left
+half-written. A failed append is logged and dropped: the cache only steers drafts, and it
+must never stop the server.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import OrderedDict, deque
+from typing import Any
+
+from cache_store.suffix_tree import SuffixTree
+from srtcli.rollout.drafters.group_trees import DEPTH, Group, GroupTrees, bound_shared
+
+COMMIT_EVERY = 64  # sequences per append
+COMMIT_SECONDS = 2.0  # the longest an ended sequence waits (also: idle time before all is committed)
+IDLE_GROUPS = 64  # prompt trees kept in memory after their last live sequence ended
+EVERY_ENV, SECONDS_ENV = "SRT_VLLM_COMMIT_EVERY", "SRT_VLLM_COMMIT_SECONDS"
+IDLE_GAPS = 4  # vLLM is idle after this many of its (slow) step intervals without a step
+
+log = logging.getLogger("srt.vllm")
+
+
+class LiveGroups:
+    """The groups with live sequences, the idle ones kept, and the ended sequences waiting."""
+
+    def __init__(self, trees: GroupTrees, commit_every: int = COMMIT_EVERY,
+                 commit_seconds: float = COMMIT_SECONDS, idle_groups: int = IDLE_GROUPS):
+        self.trees, self.commit_every, self.commit_seconds = trees, commit_every, commit_seconds
+        self.idle_groups = idle_groups
+        self.live: dict[str, int] = {}  # uid -> live sequences
+        self.idle: OrderedDict[str, None] = OrderedDict()  # uids of groups with none, oldest first
+        self.pending: list[tuple[str, Group, int]] = []  # (uid, group, sequence id in its tree)
+        self.since = 0.0  # when the oldest waiting sequence ended
+
+    def open(self, uid: str) -> Group:
+        """The prompt's group for one more live sequence (loaded the first time; a store that
+        cannot be read is logged and the tree starts empty)."""
+        try:
+            g = self.trees.group(uid)
+        except Exception as e:  # noqa: BLE001 - logged: the cache must never stop vLLM
+            log.error("srt: cannot load prompt %s from the cache %s: %s", uid, getattr(self.trees.store, "path", "?"), e)
+            g = self.trees.groups[uid] = Group(SuffixTree(DEPTH), False)
+        self.trees.count(g)
+        self.idle.pop(uid, None)
+        self.live[uid] = self.live.get(uid, 0) + 1
+        return g
+
+    def close(self, uid: str, g: Group, sequence_id: int) -> None:
+        """A sequence ended: it waits for the next append; its group may become idle."""
+        if not self.pending:
+            self.since = time.monotonic()
+        self.pending.append((uid, g, sequence_id))
+        self.live[uid] -= 1
+        if self.live[uid] == 0:
+            del self.live[uid]
+            self.idle[uid] = None
+            bound_shared(self.trees.shared)
+            while len(self.idle) > self.idle_groups:
+                self.forget(next(iter(self.idle)))
+
+    def forget(self, uid: str) -> None:
+        """Drop an idle group from memory, its waiting sequences appended first."""
+        if any(u == uid for u, _, _ in self.pending):
+            self.flush()
+        self.idle.pop(uid, None)
+        self.trees.groups.pop(uid, None)
+
+    def due(self) -> bool:
+        return bool(self.pending) and (len(self.pending) >= self.commit_every
+                                       or time.monotonic() - self.since >= self.commit_seconds)
+
+    def flush(self) -> bool:
+        """Append every waiting sequence in one transaction; True if one ran."""
+        batch: dict[str, list] = {}
+        for uid, g, sid in self.pending:
+            batch.setdefault(uid, []).append(g.tree.sequence(sid))
+        self.pending = []
+        store = self.trees.store
+        if not batch or store is None or not self.trees.writer:
+            return False
+        try:
+            store.append_many(batch)
+        except Exception as e:  # noqa: BLE001 - logged: the cache must never stop vLLM
+            log.error("srt: cannot append %d sequences to the cache %s: %s", sum(map(len, batch.values())),
+                      getattr(store, "path", "?"), e)
+            return False
+        return True
+
+    def forget_all(self) -> None:
+        """Drop every idle group (live ones stay)."""
+        for uid in list(self.idle):
+            self.forget(uid)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.pending)
+
+
+class StepClock:
+    """When vLLM last stepped, and when that means it is idle: `seconds` without a step, or
+    `IDLE_GAPS` times its steps' interval if they are slower (the second longest of the last
+    16: a pause between requests is one long interval, slow steps are many)."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.intervals: deque[float] = deque(maxlen=16)
+
+    def tick(self) -> None:
+        """At the start and end of every step (the interval between is the model's step)."""
+        now = time.monotonic()
+        self.intervals.append(now - self.last)
+        self.last = now
+
+    def idle_after(self, seconds: float) -> float:
+        slow = sorted(self.intervals)[-2] if len(self.intervals) > 1 else 0.0
+        return max(seconds, IDLE_GAPS * slow)
+
+    def idle(self, seconds: float) -> bool:
+        return time.monotonic() - self.last >= self.idle_after(seconds)
+
+
+def commit_settings() -> tuple[int, float]:
+    """(sequences per append, seconds), from `$SRT_VLLM_COMMIT_EVERY` / `$SRT_VLLM_COMMIT_SECONDS`
+    if set; a bad value is one SrtError line."""
+    from srtcli.errors import SrtError
+
+    every, seconds = os.environ.get(EVERY_ENV), os.environ.get(SECONDS_ENV)
+    try:
+        out = (int(every) if every else COMMIT_EVERY, float(seconds) if seconds else COMMIT_SECONDS)
+    except ValueError:
+        out = (0, 0.0)
+    if out[0] < 1 or not out[1] > 0:
+        raise SrtError(f"${EVERY_ENV} must be a whole number >= 1 and ${SECONDS_ENV} a number > 0 "
+                       f"(got {every!r}, {seconds!r})")
+    return out
+
+
+def open_store(path: str | None) -> Any:
+    """The sequence store at `path` (created if needed), or None; a bad cache is one SrtError line."""
+    if path is None:
+        return None
+    from srtcli.cache import open_cache
+
+    return open_cache(path, create=True)
