@@ -2,7 +2,8 @@
 
 The model runs in this process (srtcli.rollout.engine: KV cache, ragged acceptance, continuous
 batching) with a drafter from srtcli.rollout.drafters; srtcli.rollout.runahead schedules the
-rollout batches and the long-tail run-ahead; tools run between a sample's turns (srtcli.rollout.agent), off the engine's thread.
+rollout batches and the long-tail run-ahead; tools run between a sample's turns, off the
+engine's thread (srtcli.rollout.agent).
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class EmbeddedBackend:
         model, tok = load_model_and_tokenizer(config.model or default_model_dir())
         model.to(self.device)
         self.ctx = context_length(getattr(model.config, "max_position_embeddings", None), tok)
+        self.ctx = min(self.ctx, config.max_context or self.ctx)  # prompts are checked against it too
         self.agent = agent_for(config.tool, tok)
         prompts = read_prompts(config.prompts_path, tok, self.ctx - 1, self.agent and self.agent.schemas)
         check_tree_attention(config, model)
@@ -91,7 +93,7 @@ class EmbeddedBackend:
         self.run_ahead = c.run_ahead_on(self.device_type)
         self.slots = engine_slots(c.batch_size, pl.per, len(pl.todo), len(pl.prompts), c.k, self.run_ahead)
         room = self.agent.room(c) if self.agent else 64
-        self.max_len = min(self.ctx, c.max_context or self.ctx, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + room)
+        self.max_len = min(self.ctx, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + room)
         check_kv_fits(self.model, self.slots, self.max_len)  # before the cache dir is opened
 
     def start(self, pl: Plan, store: Any) -> None:

@@ -200,3 +200,10 @@ def test_a_tool_that_raises_is_a_result_the_model_reads(tmp_path):
     tok = load_tokenizer(default_model_dir())
     later = [tok.decode(st.input_ids) for st in read_pool(tmp_path / "bad") if st.step > 0]
     assert later and all("<result>error: ValueError: no " in t for t in later)
+
+
+def test_a_prompt_longer_than_max_context_is_refused_naming_its_line(tmp_path):
+    r = CliRunner().invoke(cli, ["rollout", "--prompts", str(prompts(tmp_path)), "--out", str(tmp_path / "p"),
+                                 "--max-context", "20"])
+    assert r.exit_code == 1 and "arith.jsonl:1:" in r.output and "at most 19" in r.output
+    assert not (tmp_path / "p").exists()
