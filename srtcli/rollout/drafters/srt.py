@@ -81,7 +81,9 @@ class SrtDrafter(Drafter):
 
     def propose(self, seq: Any, budget: int) -> Proposal:
         tree = seq.drafter_state[0]
-        ctx = ([seq.prompt_ids[-1]] + seq.output)[-DEPTH:]
+        # the last DEPTH tokens, never reaching into the prompt past its last token: sliced from
+        # the end, so a step costs the same at token 16,000 as at token 16
+        ctx = seq.tokens[max(len(seq.prompt_ids) - 1, len(seq.tokens) - DEPTH):]
         tree, best = best_draft(tree, self.trees.shared, ctx, budget, self.min_prob)
         if self.mode == "greedy":
             return Proposal(best.tokens)

@@ -173,3 +173,32 @@ def test_a_prompt_retired_twice_before_an_append_keeps_both_groups(tmp_path):
     d.close()
     assert sorted(list(x.tokens) for x in store.read(u)) == [[2, 5, 6], [2, 7, 8]]
     store.close()
+
+
+def test_srt_drafts_from_the_last_64_tokens_after_the_prompts_last_token():
+    """The draft context is the tail of the sequence (at most 64 tokens), never reaching into
+    the prompt past its last token, whatever the lengths: the same drafts as building it from
+    the prompt's last token and the whole output, without copying the output at every step."""
+    import random
+
+    from srtcli.rollout.drafters.group_trees import DEPTH
+    from srtcli.rollout.drafters.srt import best_draft
+
+    rng = random.Random(0)
+    for out_len in (0, 1, 5, 62, 63, 64, 65, 200):
+        d = SrtDrafter(mode="greedy")
+        prompt = [rng.randrange(5) for _ in range(rng.randrange(1, 4))]
+        feed = Sequence(prompt, 1000, group="g")
+        d.begin(feed)
+        body = [rng.randrange(5) for _ in range(300)]
+        feed.tokens += body
+        d.extend(feed, body)
+        s = Sequence(prompt, 1000, group="g")
+        d.begin(s)
+        out = body[:out_len]
+        s.tokens += out
+        d.extend(s, out)
+        want_ctx = ([prompt[-1]] + out)[-DEPTH:]
+        tree = s.drafter_state[0]
+        want = best_draft(tree, d.trees.shared, want_ctx, 6, d.min_prob)[1].tokens
+        assert d.propose(s, 6).tokens == want, out_len
