@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -74,10 +76,14 @@ class ToolSet:
         """The tools of one trajectory (a fresh environment instance, reset on `record`)."""
         if self.env_class is None:
             return ToolSession(self.functions, None)
-        env = self.env_class()
+        env = _make_env(self.spec, self.env_class)
         reset = getattr(env, "reset", None)
         if callable(reset):
-            reset(**_accepted(reset, record))
+            try:
+                reset(**_accepted(reset, record))
+            except Exception as e:  # the user's environment is broken: stop, do not feed the model
+                raise SrtError(f"tools {self.spec}: reset() raised {type(e).__name__}: {one_line(e)} "
+                               f"(prompt {record.get('id', '?')!r})") from None
         return ToolSession(_env_tools(env), env)
 
 
@@ -105,8 +111,18 @@ class ToolSession:
             return f"error: {type(e).__name__}: {one_line(e)}"
 
     def reward(self) -> float | None:
+        """The environment's reward for the trajectory (None without `get_reward`); a failing or
+        non-numeric reward stops the run in one line, as a failing `--reward` does."""
         fn = getattr(self.env, "get_reward", None)
-        return None if fn is None else fn()
+        if fn is None:
+            return None
+        try:
+            value = fn()
+        except Exception as e:
+            raise SrtError(f"get_reward() raised {type(e).__name__}: {one_line(e)}") from None
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise SrtError(f"get_reward() returned {value!r}, not a finite number")
+        return float(value)
 
     def close(self) -> None:
         fn = getattr(self.env, "close", None)
@@ -123,7 +139,7 @@ def load_tools(spec: str) -> ToolSet:
         return _function_set(spec, [builtin_tool(spec)], inline=spec == "calculator")
     obj = load_target(spec, "--tools", [*BUILTIN, "none"], "tools")
     if inspect.isclass(obj):
-        probe = obj()
+        probe = _make_env(spec, obj)
         return ToolSet(spec, _schemas(spec, list(_env_tools(probe).values())), {}, env_class=obj)
     if callable(obj):
         return _function_set(spec, [obj])
@@ -160,6 +176,13 @@ def _schemas(spec: str, fns: list[Callable]) -> list[dict]:
     if len(set(names)) != len(names):
         raise SrtError(f"tools {spec}: two tools share a name ({', '.join(names)})")
     return out
+
+
+def _make_env(spec: str, env_class: type) -> Any:
+    try:
+        return env_class()
+    except Exception as e:
+        raise SrtError(f"tools {spec}: creating the environment raised {type(e).__name__}: {one_line(e)}") from None
 
 
 def _env_tools(env: Any) -> dict[str, Callable]:

@@ -137,3 +137,26 @@ def test_several_tools_comma_separated(tools_py):
         load_tools(f"calculator,{tools_py}:Counter")
     with pytest.raises(SrtError, match="two tools share a name"):
         load_tools("calculator,calculator")
+
+
+def test_an_environment_that_cannot_start_is_one_line(tmp_path):
+    path = tmp_path / "envs.py"
+    path.write_text("class Broken:\n    def __init__(self):\n        raise OSError('no database')\n\n"
+                    "class BadReset:\n    def reset(self, **kw):\n        raise KeyError('answer')\n\n"
+                    "    def look(self, x: str) -> str:\n        '''Look.\n\n        Args:\n            x: what\n        '''\n"
+                    "        return x\n")
+    with pytest.raises(SrtError, match="creating the environment raised OSError: no database"):
+        load_tools(f"{path}:Broken")
+    tools = load_tools(f"{path}:BadReset")
+    with pytest.raises(SrtError, match=r"reset\(\) raised KeyError: 'answer' \(prompt 'p1'\)"):
+        tools.session({"id": "p1"})
+
+
+@pytest.mark.parametrize("body, message", [("raise ValueError('x')", "get_reward\\(\\) raised ValueError: x"),
+                                           ("return float('nan')", "not a finite number"),
+                                           ("return 'high'", "not a finite number")])
+def test_a_failing_environment_reward_is_one_line(tmp_path, body, message):
+    path = tmp_path / "envr.py"
+    path.write_text(f"class E:\n    def get_reward(self):\n        {body}\n")
+    with pytest.raises(SrtError, match=message):
+        load_tools(f"{path}:E").session({}).reward()
