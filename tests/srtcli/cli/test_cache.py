@@ -460,17 +460,15 @@ def test_warming_from_a_pool_stores_exactly_the_sequences_rollout_stored(tmp_pat
 def test_drafting_skips_a_corrupt_record_and_goes_on(filled):
     """The rollout drafter on a cache with a flipped byte: that prompt drafts from an empty
     tree (with a warning), the others still draft, nothing crashes."""
-    from types import SimpleNamespace
-
     from cache_store.errors import CorruptTreeWarning
     from srtcli.rollout.drafters.srt import SrtDrafter
+    from srtcli.rollout.engine.sequence import Sequence
 
     bad, good = uid(3), uid(4)
     flip_a_byte(filled, bad, offset=40)
     with LmdbSequenceStore.open(filled, create=False) as s:
         d = SrtDrafter(s)
-        seqs = [SimpleNamespace(group=u, runahead=False, prompt_ids=[p], output=[], drafter_state=None)
-                for u, p in ((bad, 3), (good, 4))]
+        seqs = [Sequence([p], 8, group=u) for u, p in ((bad, 3), (good, 4))]
         with pytest.warns(CorruptTreeWarning, match=bad):
             d.begin(seqs[0])
         d.begin(seqs[1])
