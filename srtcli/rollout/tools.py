@@ -1,10 +1,10 @@
 """The bundled model's tag-format tool calls: `<calc>EXPR</calc>` answered by `<result>VALUE</result>`.
 
 Models whose chat template declares tools use `srtcli.rollout.agent` instead (chat-template
-tool calls, any user tool). The syntax here is fixed in docs/formats.md. The model emits `<calc>EXPR</calc>`; the rollout engine
-stops the turn at `</calc>`, asks `find_tool_call(text)` for the call that closing tag ends, runs
-it with `run_tool(name, call)` and appends the returned `<result>VALUE</result>` as non-trained
-tokens before the next turn.
+tool calls, any user tool). The syntax here is fixed in docs/formats.md. The model emits
+`<calc>EXPR</calc>`; the rollout engine stops the turn at `</calc>`, asks `find_tool_call(text)`
+for the call that closing tag ends, runs it with `run_tool(name, call)` and appends the returned
+`<result>VALUE</result>` as non-trained tokens before the next turn.
 
     call = find_tool_call(text)            # ToolCall | None
     if call is not None:
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from srtcli.errors import SrtError
-from srtcli.rollout.agent.calculator import ERROR, evaluate
-from srtcli.rollout.agent.calculator import calculator as agent_calculator
+# re-exported: the tag format's calculator is the one tool implementation
+from srtcli.rollout.agent.calculator import ERROR, calculator, evaluate  # noqa: F401
 
 CALC_OPEN, CALC_CLOSE = "<calc>", "</calc>"
 RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
@@ -46,11 +46,6 @@ class Tool:
     open_tag: str
     close_tag: str
     run: Callable[[str], str]
-
-
-def calculator(expr: str) -> str:
-    """The calculator's result value as text: the integer, or `error`."""
-    return agent_calculator(expr)
 
 
 TOOLS: dict[str, Tool] = {"calculator": Tool("calculator", CALC_OPEN, CALC_CLOSE, calculator)}
@@ -91,4 +86,9 @@ def run_tool(name: str, call: ToolCall | str) -> str:
     if tool is None:
         raise SrtError(f"unknown tool {name!r}; known: {', '.join(sorted(TOOLS))}")
     expr = call.expr if isinstance(call, ToolCall) else call
-    return f"{RESULT_OPEN}{tool.run(expr)}{RESULT_CLOSE}"
+    return result_tag(tool.run(expr))
+
+
+def result_tag(value: str) -> str:
+    """A tool's result as the tag format writes it: `<result>VALUE</result>`."""
+    return f"{RESULT_OPEN}{value}{RESULT_CLOSE}"

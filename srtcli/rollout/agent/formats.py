@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from srtcli.errors import SrtError
 from srtcli.rollout.agent.toolset import ToolCall
-from srtcli.rollout.tools import RESULT_CLOSE, RESULT_OPEN, find_tool_call
+from srtcli.rollout.tools import find_tool_call, result_tag
 
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -28,6 +28,11 @@ _TURN = "\x00srt-turn\x00"  # stands for the model's turn when rendering around 
 
 
 class CallFormat(Protocol):
+    needs_prefix: bool  # whether `calls` reads the conversation before the turn
+
+    def stop_tokens(self, tok: Any, eos_ids: set[int]) -> set[int]:
+        """The tokens at which a call can be complete (where the engine asks `ends_call`)."""
+
     def ends_call(self, turn_text: str, at_eos: bool) -> bool:
         """Whether the turn so far (ending at an eos, or at a stop-candidate token) calls a tool."""
 
@@ -42,6 +47,12 @@ class CallFormat(Protocol):
 class TagFormat:
     """`<calc>EXPR</calc>` answered by `<result>VALUE</result>` (the calculator only)."""
 
+    needs_prefix = False
+
+    def stop_tokens(self, tok: Any, eos_ids: set[int]) -> set[int]:
+        # a tag closes with '>': only tokens that contain one can end a call
+        return {i for t, i in tok.get_vocab().items() if ">" in tok.convert_tokens_to_string([t])}
+
     def ends_call(self, turn_text: str, at_eos: bool) -> bool:
         return not at_eos and find_tool_call(turn_text) is not None
 
@@ -50,7 +61,7 @@ class TagFormat:
         return [] if call is None else [ToolCall(call.name, {"expression": call.expr})]
 
     def render(self, results: list[tuple[ToolCall, str]]) -> str:
-        return "".join(f"{RESULT_OPEN}{text}{RESULT_CLOSE}" for _, text in results)
+        return "".join(result_tag(text) for _, text in results)
 
 
 class ChatFormat:
@@ -65,6 +76,10 @@ class ChatFormat:
         # the model emitted the eos that closes its turn; what the template adds after it is ours
         self.glue = after_turn[len(eos):] if eos and after_turn.startswith(eos) else after_turn
         self.base = base
+        self.needs_prefix = bool(self.template)  # a response parser reads the conversation too
+
+    def stop_tokens(self, tok: Any, eos_ids: set[int]) -> set[int]:
+        return set(eos_ids)  # the turn ends at eos
 
     def _chat(self, messages: list[dict], generation_prompt: bool) -> str:
         return self.tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)

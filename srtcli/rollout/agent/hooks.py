@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from srtcli.rollout.agent.formats import CallFormat, ChatFormat
+from srtcli.rollout.agent.formats import CallFormat
 from srtcli.rollout.agent.runner import ToolRunner
 from srtcli.rollout.agent.toolset import ToolCall, ToolSession, ToolSet
 
@@ -37,10 +37,7 @@ class AgentHooks:
         self.tok, self.fmt, self.tools, self.runner, self.limits = tok, fmt, tools, runner, limits
         self.records, self.eos_ids = records, set(eos_ids)
         self.env_reward = env_reward and tools.has_reward  # an explicit --reward wins
-        if isinstance(fmt, ChatFormat):
-            self.candidates = set(eos_ids)
-        else:  # a tag closes with '>': only tokens that contain one can end a call
-            self.candidates = {i for t, i in tok.get_vocab().items() if ">" in tok.convert_tokens_to_string([t])}
+        self.candidates = fmt.stop_tokens(tok, self.eos_ids)
 
     def stop(self, seq: Any, emitted: list[int]) -> int | None:
         """How many emitted tokens the turn keeps if it ends in a tool call here, else None."""
@@ -94,7 +91,7 @@ class AgentHooks:
 
     def _prefix(self, seq: Any) -> str:
         """The conversation before the turn, for a tokenizer's response parser (which needs it)."""
-        return self._text(seq.tokens[: seq.turn_start]) if getattr(self.fmt, "template", None) else ""
+        return self._text(seq.tokens[: seq.turn_start]) if self.fmt.needs_prefix else ""
 
     def _text(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=False)
