@@ -6,7 +6,8 @@ When a group's prompt is first needed its tree is built from the sequence store
 or started empty, with a flag saying whether the store held sequences for it (a hit). Every
 token a sample of the group appends goes at once into that tree (a `SuffixTree` stream), so
 later and concurrent samples draft from it, and into the run-wide shared tree (all prompts
-mixed, never persisted). Each sequence is streamed starting with the prompt's last token (an
+mixed, never persisted; a suffix tree too, so a token costs a few nodes, not one per depth).
+Each sequence is streamed starting with the prompt's last token (an
 anchor), so it can be drafted from its first token. When a group ends, the sequences this run
 streamed into its tree (not the loaded ones) wait in `pending` until they are appended to the
 store with one `append_many` (batched); appends never merge, so concurrent writers lose nothing.
@@ -19,11 +20,11 @@ from typing import Any
 
 from cache_store.seqstore import load_tree as load_stored
 from cache_store.suffix_tree import SuffixTree
-from cache_store.trie import TokenTree
 
 DEPTH = 64
 SHARED_DEPTH = 24  # the run-wide tree: SuffixDecoding's global-tree depth
-SHARED_MAX_NODES = 1 << 21  # then the run-wide tree drops what was seen once (see `bound_shared`)
+SHARED_MAX_TOKENS = 1 << 21  # then the run-wide tree starts again from its newest sequences
+SHARED_KEEP = 1 << 18  # tokens of the newest sequences a new run-wide tree starts with
 
 
 def load_tree(store: Any, uid: str) -> tuple[SuffixTree, bool]:
@@ -33,12 +34,18 @@ def load_tree(store: Any, uid: str) -> tuple[SuffixTree, bool]:
     return tree, tree.mass > 0
 
 
-def bound_shared(shared: TokenTree | None) -> None:
-    """Keep the run-wide tree's memory bounded on long runs: past SHARED_MAX_NODES nodes,
-    halve its counts and drop what falls below 1 (substrings seen once), as the cache's
-    decay does."""
-    if shared is not None and shared.nodes > SHARED_MAX_NODES:
-        shared.scale(0.5, floor=1.0)
+def renewed(shared: SuffixTree) -> SuffixTree:
+    """A new run-wide tree holding `shared`'s newest sequences, up to SHARED_KEEP tokens (live
+    ones as they are now). Live streams keep feeding and drafting from the old tree until they
+    end; then it is freed. Costs O(SHARED_KEEP) once per SHARED_MAX_TOKENS tokens generated."""
+    keep, left = [], SHARED_KEEP
+    for i in range(shared.stats().sequences - 1, -1, -1):
+        toks = shared.sequence(i)
+        if len(toks) > left:
+            break
+        keep.append(toks)
+        left -= len(toks)
+    return SuffixTree.from_sequences(((t, 1.0) for t in reversed(keep)), SHARED_DEPTH)
 
 
 @dataclass
@@ -63,7 +70,7 @@ class GroupTrees:
 
     def __init__(self, store: Any = None, shared: bool = True, commit_every: int = 8, writer: bool = True):
         self.store, self.commit_every, self.writer = store, commit_every, writer
-        self.shared = TokenTree(max_depth=SHARED_DEPTH) if shared else None
+        self.shared = SuffixTree(SHARED_DEPTH) if shared else None
         self.groups: dict[str, Group] = {}
         self.pending: dict[str, list[Group]] = {}  # finished groups not yet appended
         self.loaded = self.hits = 0
@@ -92,9 +99,14 @@ class GroupTrees:
             s.extend([anchor])
         return streams
 
+    def bound_shared(self) -> None:
+        """Keep the run-wide tree's memory bounded on long runs (see `renewed`)."""
+        if self.shared is not None and self.shared.stats().tokens > SHARED_MAX_TOKENS:
+            self.shared = renewed(self.shared)
+
     def retire(self, uid: str) -> None:
         """The group is done: its new sequences (if any) wait for the next append."""
-        bound_shared(self.shared)
+        self.bound_shared()
         g = self.groups.pop(uid, None)
         if g is not None and g.added:
             self.pending.setdefault(uid, []).append(g)

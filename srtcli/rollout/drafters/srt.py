@@ -21,10 +21,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from cache_store.suffix_tree import SuffixTree
-from cache_store.trie import TokenTree
+from cache_store.suffix_tree import Draft, SuffixStream
 from srtcli.rollout.drafters.base import Drafter, Proposal
-from srtcli.rollout.drafters.group_trees import DEPTH, SHARED_DEPTH, GroupTrees
+from srtcli.rollout.drafters.group_trees import GroupTrees
 
 MODES = ("greedy", "sample", "tree")
 
@@ -39,24 +38,18 @@ def expected_length(probs: list[float]) -> float:
     return total
 
 
-def best_draft(tree: SuffixTree, shared: TokenTree | None, ctx: list[int], budget: int,
-               min_prob: float) -> tuple[SuffixTree | TokenTree, Any]:
-    """The most frequent path from the prompt's tree, or from the run-wide tree when that one
-    expects to be accepted for longer; returns the tree drafted from and its `Draft`. Depends on
-    the context and the trees only, so verification stays exact."""
-    best = tree.draft(ctx, budget=budget, min_prob=min_prob)
-    if shared is not None:
-        other = prefer_shared(best, shared, ctx[-SHARED_DEPTH:], budget, min_prob)
-        if other is not best:
-            return shared, other
-    return tree, best
-
-
-def prefer_shared(own: Any, shared: TokenTree, ctx: list[int], budget: int, min_prob: float) -> Any:
-    """The run-wide tree's draft after `ctx` if it expects to be accepted for longer than the
-    prompt tree's `own` draft, else `own`."""
-    other = shared.draft(ctx, budget=budget, min_prob=min_prob)
-    return other if expected_length(other.probs) > expected_length(own.probs) else own
+def best_draft(streams: tuple, budget: int, min_prob: float) -> tuple[SuffixStream, Draft]:
+    """The most frequent path after a sequence from the prompt's tree (its first stream), or
+    from the run-wide tree (its second) when that one expects to be accepted for longer; returns
+    the stream drafted from and its `Draft`. Each stream holds exactly the sequence so far
+    (anchor first), so it drafts without looking its context up. Depends on the context and the
+    trees only, so verification stays exact."""
+    own, best = streams[0], streams[0].draft(budget, min_prob)
+    for other in streams[1:]:
+        d = other.draft(budget, min_prob)
+        if expected_length(d.probs) > expected_length(best.probs):
+            own, best = other, d
+    return own, best
 
 
 class SrtDrafter(Drafter):
@@ -80,20 +73,18 @@ class SrtDrafter(Drafter):
         seq.drafter_state = (g.tree, self.trees.streams(g, seq.prompt_ids[-1]))
 
     def propose(self, seq: Any, budget: int) -> Proposal:
-        tree = seq.drafter_state[0]
-        # the last DEPTH tokens, never reaching into the prompt past its last token: sliced from
-        # the end, so a step costs the same at token 16,000 as at token 16
-        ctx = seq.tokens[max(len(seq.prompt_ids) - 1, len(seq.tokens) - DEPTH):]
-        tree, best = best_draft(tree, self.trees.shared, ctx, budget, self.min_prob)
+        # the streams hold the sequence's tokens (anchor first): a step costs the same at token
+        # 16,000 as at token 16
+        stream, best = best_draft(seq.drafter_state[1], budget, self.min_prob)
         if self.mode == "greedy":
             return Proposal(best.tokens)
         if self.mode == "tree":
-            dt = tree.draft_tree(ctx[-tree.max_depth:], budget=budget, min_prob=self.min_prob)
+            dt = stream.draft_tree(budget=budget, min_prob=self.min_prob)
             return Proposal(dt.tokens, parents=dt.parents)
-        return self._sample(tree, ctx[-tree.max_depth:], budget)
+        return self._sample(stream, budget)
 
-    def _sample(self, tree: SuffixTree | TokenTree, ctx: list[int], budget: int) -> Proposal:
-        dt = tree.draft_tree(ctx, budget=4 * budget, min_prob=self.min_prob)
+    def _sample(self, stream: SuffixStream, budget: int) -> Proposal:
+        dt = stream.draft_tree(budget=4 * budget, min_prob=self.min_prob)
         kids: dict[int, list[int]] = {}
         for i, par in enumerate(dt.parents):
             kids.setdefault(par, []).append(i)

@@ -25,7 +25,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from cache_store.suffix_tree import SuffixTree
-from srtcli.rollout.drafters.group_trees import DEPTH, Group, GroupTrees, bound_shared
+from srtcli.rollout.drafters.group_trees import DEPTH, Group, GroupTrees
 
 COMMIT_EVERY = 64  # sequences per append
 COMMIT_SECONDS = 2.0  # the longest an ended sequence waits (also: idle time before all is committed)
@@ -70,7 +70,7 @@ class LiveGroups:
         if self.live[uid] == 0:
             del self.live[uid]
             self.idle[uid] = None
-            bound_shared(self.trees.shared)
+            self.trees.bound_shared()
             while len(self.idle) > self.idle_groups:
                 self.forget(next(iter(self.idle)))
 

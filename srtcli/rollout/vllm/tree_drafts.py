@@ -30,9 +30,9 @@ import numpy as np
 
 from cache_store.uid import prompt_uid
 from srtcli.rollout.drafters.draft_length import next_draft_length
-from srtcli.rollout.drafters.group_trees import DEPTH, SHARED_DEPTH, Group, GroupTrees
+from srtcli.rollout.drafters.group_trees import DEPTH, Group, GroupTrees
 # pick drafts exactly as the embedded drafter does
-from srtcli.rollout.drafters.srt import prefer_shared
+from srtcli.rollout.drafters.srt import best_draft
 from srtcli.rollout.vllm.commits import COMMIT_EVERY, COMMIT_SECONDS, IDLE_GROUPS, LiveGroups, StepClock
 from srtcli.rollout.vllm.counters import Counters
 from srtcli.rollout.vllm.table import Table
@@ -242,10 +242,7 @@ class TreeDrafts:
         room = self._room(s, n)
         if room <= 0:
             return []
-        best = s.streams[0].draft(room, self.table.min_prob)
-        if self.trees.shared is not None:
-            ctx = row[max(s.plen - 1, n - SHARED_DEPTH):n].tolist()
-            best = prefer_shared(best, self.trees.shared, ctx, room, self.table.min_prob)
+        best = best_draft(s.streams, room, self.table.min_prob)[1]
         if best.tokens:
             self.c.drafted_rows += 1
             self.c.drafted_tokens += len(best.tokens)

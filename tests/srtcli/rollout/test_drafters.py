@@ -53,6 +53,7 @@ def test_srt_shares_tokens_within_a_group_at_once_and_not_across_groups():
     a.tokens += [7, 8, 9, 10]
     assert d.propose(b, 8).tokens == [7, 8, 9, 10]
     assert d.propose(other, 8).tokens == []
+    d.extend(b, [7, 8])
     b.tokens += [7, 8]
     assert d.propose(b, 8).tokens == [9, 10]
 
@@ -85,18 +86,29 @@ def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
     store.close()
 
 
-def test_the_run_wide_tree_stays_bounded(monkeypatch):
+def test_the_run_wide_tree_stays_bounded_and_starts_again_from_its_newest_sequences(monkeypatch):
     import srtcli.rollout.drafters.group_trees as group_trees
 
-    monkeypatch.setattr(group_trees, "SHARED_MAX_NODES", 500)
+    monkeypatch.setattr(group_trees, "SHARED_MAX_TOKENS", 500)
+    monkeypatch.setattr(group_trees, "SHARED_KEEP", 100)
     d = SrtDrafter()
+    streamed, renewals = [], 0
     for i in range(40):
-        s = seq([1, 2], group=str(i))
+        s, before = seq([1, 2], group=str(i)), d.trees.shared
         d.begin(s)
-        d.extend(s, [(i * 7 + k * 13) % 200 + 3 for k in range(30)])
+        out = [(i * 7 + k * 13) % 200 + 3 for k in range(30)]
+        d.extend(s, out)
+        streamed.append([2] + out)  # anchor first
         d.end(s)
         d.group_done(str(i))
-        assert d.trees.shared.nodes <= 500 + 30 * 24 + 1  # at most one group's growth past the bound
+        shared = d.trees.shared
+        assert shared.stats().tokens <= 500 + 31  # at most one group's growth past the bound
+        if shared is not before:  # renewed: the newest sequences that fit in SHARED_KEEP tokens
+            renewals += 1
+            kept = [list(shared.sequence(j)) for j in range(shared.stats().sequences)]
+            assert kept == streamed[-3:]
+            assert shared.count(streamed[-1][:5]) == 1 and shared.count(streamed[-4][:5]) == 0
+    assert renewals >= 2
 
 
 def test_srt_sample_mode_records_the_distribution_it_sampled_from():
@@ -176,13 +188,13 @@ def test_a_prompt_retired_twice_before_an_append_keeps_both_groups(tmp_path):
 
 
 def test_srt_drafts_from_the_last_64_tokens_after_the_prompts_last_token():
-    """The draft context is the tail of the sequence (at most 64 tokens), never reaching into
-    the prompt past its last token, whatever the lengths: the same drafts as building it from
-    the prompt's last token and the whole output, without copying the output at every step."""
+    """The draft context is the tail of the sequence (at most 64 tokens, 24 in the run-wide
+    tree), never reaching into the prompt past its last token, whatever the lengths: the
+    drafts read off the sequence's streams are those looked up from that context."""
     import random
 
     from srtcli.rollout.drafters.group_trees import DEPTH
-    from srtcli.rollout.drafters.srt import best_draft
+    from tests.srtcli.rollout.context_drafts import context_draft
 
     rng = random.Random(0)
     for out_len in (0, 1, 5, 62, 63, 64, 65, 200):
@@ -200,5 +212,5 @@ def test_srt_drafts_from_the_last_64_tokens_after_the_prompts_last_token():
         d.extend(s, out)
         want_ctx = ([prompt[-1]] + out)[-DEPTH:]
         tree = s.drafter_state[0]
-        want = best_draft(tree, d.trees.shared, want_ctx, 6, d.min_prob)[1].tokens
+        want = context_draft(tree, d.trees.shared, want_ctx, 6, d.min_prob)
         assert d.propose(s, 6).tokens == want, out_len

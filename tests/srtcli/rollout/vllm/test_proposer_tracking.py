@@ -14,9 +14,9 @@ import pytest
 from cache_store.seqstore import LmdbSequenceStore
 from cache_store.uid import prompt_uid
 from srtcli.rollout.drafters.group_trees import DEPTH
-from srtcli.rollout.drafters.srt import best_draft
 from srtcli.rollout.vllm.table import Table
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
+from tests.srtcli.rollout.context_drafts import context_draft
 
 EOS, MAX_NEW, WIDTH, FP = 2, 40, 96, "tok1-test"
 PROMPTS = {prompt_uid(p, FP): p for p in ([5, 6, 7], [5, 6, 7, 8, 9], [11, 12], [13, 14, 15, 16])}
@@ -79,7 +79,7 @@ class WholeRowTracking(TreeDrafts):
         if room <= 0:
             return []
         ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(DEPTH - 1):].tolist()
-        toks = best_draft(s.group.tree, self.trees.shared, ctx, room, self.table.min_prob)[1].tokens
+        toks = context_draft(s.group.tree, self.trees.shared, ctx, room, self.table.min_prob)
         if toks:
             self.c.drafted_rows += 1
             self.c.drafted_tokens += len(toks)
