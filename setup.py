@@ -12,7 +12,7 @@ from setuptools import Extension, setup
 # -ffp-contract=off: no fused multiply-add, so path scores are bit-identical to Python's floats.
 flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
 sources = [f"cache_store/csrc/{name}.c" for name in ("module", "nodes", "draft", "bytes")]
-stree_sources = [f"cache_store/csrc/stree_{name}.c" for name in ("module", "nodes", "flight", "insert", "draft", "dtree")]
+stree_sources = [f"cache_store/csrc/stree_{name}.c" for name in ("module", "nodes", "flight", "insert", "draft", "dtree", "batch")]
 
 setup(
     ext_modules=[

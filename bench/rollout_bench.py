@@ -13,6 +13,10 @@ same epoch. Targets: epoch 1 srt costs <= 5% over none; at epoch 3 srt >= 2.5x n
 and >= 1.3x suffix; at epoch 3 srt >= 1.3x arctic in speed and >= 1.5x in forwards; `none` at
 least as fast as HF generate. Not a test; timings are noisy on a shared machine.
 
+At the end it measures the compute-bound ceiling (bench/oracle_drafter.py): greedy decoding of
+the same prompts, plain and then replayed by a drafter whose every draft is accepted; its
+model-time ratio is the most any drafter could gain with these draft lengths on this device.
+
 `arctic` runs ArcticInference's own SuffixDecodingCache (the optional `bench` extra,
 `pip install -e '.[bench]'`) in the same embedded engine with the same verification, one cache
 object kept across the epochs; without arctic_inference it is skipped with a one-line note.
@@ -213,6 +217,8 @@ def main() -> None:
     ap.add_argument("--configs", help=f"any of {','.join(CONFIGS)} (default: all but the one equal to srt on "
                     f"the device; vllm: {','.join(VLLM_CONFIGS)})")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the compute-bound ceiling (two greedy runs "
+                    "at the end: plain, and replayed by a drafter whose every draft is accepted)")
     ap.add_argument("--json-out")
     ap.add_argument("--profile", metavar="PREFIX", help="cProfile the last epoch of none and srt into "
                     "PREFIX-none.txt / PREFIX-srt.txt (host vs model time; slows those two runs)")
@@ -265,8 +271,29 @@ def main() -> None:
         s = ref["none_no_tools"]
         print(f"none without tools:             wall {s['wall_s']:.2f}s  {s['tokens_per_s']:.1f} tok/s")
     report(results, ref, names, args.epochs)
+    ceiling = measure_ceiling(args, model, prompts, work) if "srt" in names and not args.no_ceiling else {}
     if args.json_out:
-        Path(args.json_out).write_text(json.dumps({"results": results, "hf_generate": ref}, indent=1))
+        Path(args.json_out).write_text(json.dumps({"results": results, "hf_generate": ref, "ceiling": ceiling}, indent=1))
+
+
+def measure_ceiling(args, model: Path, prompts: Path, work: Path) -> dict:
+    """The compute-bound ceiling: greedy decoding plain, then replayed by a drafter whose every
+    draft is accepted (bench/oracle_drafter.py), with srt's options otherwise; prints model time,
+    wall time and forwards as ratios plain / replay."""
+    from bench.oracle_drafter import OracleDrafter
+
+    oracle, runs = OracleDrafter(), {}
+    for mode in ("plain", "replay"):
+        oracle.replay = mode == "replay"
+        o = options(args, CONFIGS["srt"], model, prompts, work / f"cache-ceiling-{mode}", work / f"pool-ceiling-{mode}")
+        o.update(temperature=0.0, drafter=oracle)
+        runs[mode] = embedded_rollout(**o)
+    plain, replay = runs["plain"], runs["replay"]
+    ratio = {k: plain[k] / max(replay[k], 1e-9) for k in ("model_s", "wall_s", "target_forwards")}
+    print(f"\ncompute-bound ceiling (greedy; every draft accepted, {replay['accepted_per_forward']:.2f} tokens per "
+          f"forward): model time {ratio['model_s']:.2f}x, wall {ratio['wall_s']:.2f}x, forwards "
+          f"{ratio['target_forwards']:.2f}x plain")
+    return {"plain": plain, "replay": replay, "ratios": ratio}
 
 
 def outside_drafters(names: list[str]) -> dict:

@@ -13,6 +13,9 @@ on long reasoning rollouts); this tree holds about 1.6, and a sequence's decay i
 instead of a multiplication of every node, so persistence can store the sequences themselves
 (cache_store.seqstore) and rebuild the tree when loading.
 
+For an engine step over many rows there are two batched calls, `feed_many` and `draft_many`:
+one C call for all rows instead of a Python loop over them.
+
 Sequences come in two kinds: finished ones (`add(tokens, weight)`, e.g. loaded from a store,
 weight = their decay) and live ones (`stream()`, weight 1, extended token by token or in
 chunks as a rollout is verified; `close()` when it ends). Drafts see every token at once.
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from cache_store.trie import Draft, DraftTree
 
@@ -39,7 +42,7 @@ except ImportError as e:  # pragma: no cover - only in a checkout that was never
 
 MAX_DEPTH_LIMIT: int = _stree.MAX_DEPTH_LIMIT
 
-__all__ = ["Draft", "DraftTree", "SuffixTree", "SuffixStream", "TreeStats"]
+__all__ = ["Draft", "DraftTree", "SuffixTree", "SuffixStream", "TreeStats", "feed_many", "draft_many"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,11 @@ class SuffixStream:
     @property
     def sequence_id(self) -> int:
         return self._s.sequence
+
+    @property
+    def core(self) -> object:
+        """The compiled stream, for `feed_many` and `draft_many`."""
+        return self._s
 
     def __len__(self) -> int:
         return self._s.length
@@ -162,3 +170,21 @@ class SuffixTree:
     def __repr__(self) -> str:
         s = self.stats()
         return f"SuffixTree(max_depth={self.max_depth}, sequences={s.sequences}, tokens={s.tokens}, nodes={s.nodes})"
+
+
+def feed_many(streams: list[tuple], ids: Any, slots: Any, starts: Any, ends: Any, limits: Any, eos: Any,
+              drafts: list[list[int]]) -> tuple[list[int], list[int]]:
+    """One step's new tokens for many rows. Row i holds `ids[slots[i], starts[i]:ends[i]]` new
+    tokens (ids: a C-contiguous 2-d int32 or int64 array; the others 1-d int arrays); they are
+    appended to each stream of `streams[i]` (a tuple of `SuffixStream.core`) up to position
+    `limits[i]` and up to and including the first token in `eos`. Returns, per row, how many
+    tokens were appended and how many of the new tokens `drafts[i]` (its last draft) predicted."""
+    return _stree.feed_many(streams, ids, slots, starts, ends, limits, eos, drafts)
+
+
+def draft_many(streams: list[tuple], rooms: Any, min_prob: float) -> list[list[int]]:
+    """Per row, `best_draft` of at most `rooms[i]` tokens over its streams (a tuple of
+    `SuffixStream.core`, its prompt tree's first): each stream's greedy draft continuing its own
+    sequence, the one with the largest expected accepted length (the first on ties); [] where
+    the room is <= 0."""
+    return _stree.draft_many(streams, rooms, min_prob)

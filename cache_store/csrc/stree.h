@@ -82,6 +82,15 @@ typedef struct {
     int32_t live;
 } STree;
 
+/* A live sequence being appended to a tree (cache_store._stree.Stream). */
+typedef struct {
+    PyObject_HEAD
+    STree *tree;
+    int32_t seq;
+    int closed;
+} Stream;
+extern PyTypeObject StreamType;
+
 static inline int32_t st_tok(const STree *t, int32_t v, int32_t k) {
     return t->seqs[t->nodes[v].seq].tok[t->nodes[v].off + k];
 }
@@ -134,14 +143,22 @@ int st_add_windows(STree *t, int32_t s);
 int st_stream_open(STree *t, int32_t s);
 int st_stream_step(STree *t, int32_t s);
 int st_stream_close(STree *t, int32_t s);
+int st_stream_append(Stream *s, const int32_t *toks, Py_ssize_t k);
 
 /* stree_draft.c, stree_dtree.c */
 int st_walk(const STree *t, const int32_t *toks, Py_ssize_t k, int32_t *node);
 double st_count(const STree *t, const int32_t *toks, Py_ssize_t k);
+Py_ssize_t st_draft_path(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob,
+                         int32_t *toks, double *probs);
 PyObject *st_draft(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob);
 PyObject *st_draft_tree(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob);
 Py_ssize_t st_stream_match(const STree *t, int32_t s, Py_ssize_t cap, int32_t *node);
 Py_ssize_t st_match_cap(const STree *t, Py_ssize_t budget);
 Py_ssize_t st_match(const STree *t, const int32_t *ctx, Py_ssize_t k, Py_ssize_t cap, int32_t *node);
+Py_ssize_t st_stream_locus(const Stream *s, Py_ssize_t budget, int32_t *node);
+
+/* stree_batch.c: many streams in one call */
+PyObject *st_feed_many(PyObject *self, PyObject *args);
+PyObject *st_draft_many(PyObject *self, PyObject *args);
 
 #endif

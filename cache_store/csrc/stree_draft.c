@@ -63,12 +63,6 @@ static inline double cond(const STree *t, int32_t v, int32_t c) {
     return st_F(t, c) / nd[v].childsum;
 }
 
-static int append2(PyObject *a, PyObject *x, PyObject *b, PyObject *y) {
-    int bad = !x || !y || PyList_Append(a, x) < 0 || PyList_Append(b, y) < 0;
-    Py_XDECREF(x); Py_XDECREF(y);
-    return bad ? -1 : 0;
-}
-
 /* The match of a live stream's own sequence, read off its windows: the window starting L
  * tokens before the end holds the locus of the tail of length L, so no lookups are needed. */
 Py_ssize_t st_stream_match(const STree *t, int32_t s, Py_ssize_t cap, int32_t *node) {
@@ -84,13 +78,24 @@ Py_ssize_t st_stream_match(const STree *t, int32_t s, Py_ssize_t cap, int32_t *n
     return lo;
 }
 
-/* The greedy draft from locus (v, m); m = 0: nothing matched. */
-PyObject *st_draft(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob) {
-    PyObject *toks = PyList_New(0), *probs = PyList_New(0);
-    if (!toks || !probs) goto fail;
-    Py_ssize_t d = m;
+/* The match of a stream's own sequence for a draft of `budget`: read off its windows while it
+ * is live, matched the ordinary way after close. */
+Py_ssize_t st_stream_locus(const Stream *s, Py_ssize_t budget, int32_t *node) {
+    const STree *t = s->tree;
+    const Seq *q = &t->seqs[s->seq];
+    Py_ssize_t cap = st_match_cap(t, budget);
+    if (!s->closed) return st_stream_match(t, s->seq, cap, node);
+    Py_ssize_t k = q->len < cap ? q->len : cap;
+    return k ? st_match(t, q->tok + q->len - k, k, cap, node) : 0;
+}
+
+/* The greedy draft from locus (v, m) into toks/probs (room for `budget`); how many tokens.
+ * m = 0: nothing matched. */
+Py_ssize_t st_draft_path(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob,
+                         int32_t *toks, double *probs) {
+    Py_ssize_t d = m, i = 0;
     double score = 1.0;
-    for (Py_ssize_t i = 0; m > 0 && i < budget && has_children(t, v, d); i++) {
+    for (; m > 0 && i < budget && has_children(t, v, d); i++) {
         int32_t tok, next = v;
         double c = 1.0;
         if (d < st_dep(t, v)) {
@@ -102,11 +107,28 @@ PyObject *st_draft(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double 
         }
         score *= c;
         if (score < min_prob) break;
-        if (append2(toks, PyLong_FromLong(tok), probs, PyFloat_FromDouble(c)) < 0) goto fail;
+        toks[i] = tok; probs[i] = c;
         v = next; d++;
     }
-    return Py_BuildValue("(NNn)", toks, probs, m);
-fail:
-    Py_XDECREF(toks); Py_XDECREF(probs);
-    return NULL;
+    return i;
+}
+
+/* The greedy draft from locus (v, m) as (tokens, probs, match_len). */
+PyObject *st_draft(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob) {
+    Py_ssize_t room = m > 0 ? budget : 0;
+    int32_t *toks = PyMem_Malloc(sizeof(int32_t) * (size_t)(room ? room : 1));
+    double *probs = PyMem_Malloc(sizeof(double) * (size_t)(room ? room : 1));
+    PyObject *tl = NULL, *pl = NULL;
+    if (!toks || !probs) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t n = st_draft_path(t, v, m, room, min_prob, toks, probs);
+    tl = PyList_New(n); pl = PyList_New(n);
+    for (Py_ssize_t i = 0; tl && pl && i < n; i++) {
+        PyObject *x = PyLong_FromLong(toks[i]), *y = PyFloat_FromDouble(probs[i]);
+        if (!x || !y) { Py_XDECREF(x); Py_XDECREF(y); Py_CLEAR(tl); break; }
+        PyList_SET_ITEM(tl, i, x); PyList_SET_ITEM(pl, i, y);
+    }
+done:
+    PyMem_Free(toks); PyMem_Free(probs);
+    if (!tl || !pl) { Py_XDECREF(tl); Py_XDECREF(pl); return NULL; }
+    return Py_BuildValue("(NNn)", tl, pl, m);
 }

@@ -131,6 +131,13 @@ int st_stream_step(STree *t, int32_t s) {
     return 0;
 }
 
+/* Append k tokens to a live stream, every window ending at each of them put in at once. */
+int st_stream_append(Stream *s, const int32_t *toks, Py_ssize_t k) {
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (st_seq_push(s->tree, s->seq, toks + i, 1) < 0 || st_stream_step(s->tree, s->seq) < 0) return -1;
+    return 0;
+}
+
 /* The live sequence s is finished: windows ending inside an edge get a node of their own. */
 int st_stream_close(STree *t, int32_t s) {
     int32_t D = t->max_depth, b = t->seqs[s].stream;

@@ -3,14 +3,6 @@
 #include "stree.h"
 
 static PyTypeObject STreeType;
-static PyTypeObject StreamType;
-
-typedef struct {
-    PyObject_HEAD
-    STree *tree;
-    int32_t seq;
-    int closed;
-} Stream;
 
 static int to_token(PyObject *o, int32_t *out) {
     PyObject *i = PyLong_Check(o) ? (Py_INCREF(o), o) : PyNumber_Index(o);
@@ -240,13 +232,9 @@ static PyObject *Stream_extend(Stream *s, PyObject *seq) {
     Py_ssize_t k;
     int32_t *toks = read_tokens(seq, -1, &k);
     if (!toks) return NULL;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        if (st_seq_push(s->tree, s->seq, toks + i, 1) < 0 || st_stream_step(s->tree, s->seq) < 0) {
-            PyMem_Free(toks);
-            return NULL;
-        }
-    }
+    int rc = st_stream_append(s, toks, k);
     PyMem_Free(toks);
+    if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -266,17 +254,9 @@ static PyObject *stream_draft(Stream *s, PyObject *args, PyObject *kw, draft_fn 
     double min_prob = 0.1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|nd", kwlist, &budget, &min_prob)) return NULL;
     if (check_draft_args(budget, min_prob) < 0) return NULL;
-    STree *t = s->tree;
-    const Seq *q = &t->seqs[s->seq];
     int32_t v = 0;
-    Py_ssize_t cap = st_match_cap(t, budget);
-    if (!s->closed) {
-        m = st_stream_match(t, s->seq, cap, &v);
-    } else {
-        Py_ssize_t k = q->len < cap ? q->len : cap;
-        m = k ? st_match(t, q->tok + q->len - k, k, cap, &v) : 0;
-    }
-    return fn(t, v, m, budget, min_prob);
+    m = st_stream_locus(s, budget, &v);
+    return fn(s->tree, v, m, budget, min_prob);
 }
 
 static PyObject *Stream_draft(Stream *s, PyObject *a, PyObject *k) { return stream_draft(s, a, k, st_draft); }
@@ -305,7 +285,7 @@ static PyGetSetDef Stream_getset[] = {
     {"length", (getter)Stream_get_len, NULL, "tokens written so far", NULL},
     {NULL}};
 
-static PyTypeObject StreamType = {
+PyTypeObject StreamType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "cache_store._stree.Stream",
     .tp_basicsize = sizeof(Stream),
@@ -316,7 +296,14 @@ static PyTypeObject StreamType = {
     .tp_getset = Stream_getset,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stree", "Compiled core of cache_store.suffix_tree.", -1, NULL};
+static PyMethodDef module_methods[] = {
+    {"feed_many", st_feed_many, METH_VARARGS,
+     "feed_many(streams, ids, slots, starts, ends, limits, eos, drafts) -> (fed, accepted)"},
+    {"draft_many", st_draft_many, METH_VARARGS, "draft_many(streams, rooms, min_prob) -> drafts"},
+    {NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stree", "Compiled core of cache_store.suffix_tree.", -1,
+                                    module_methods};
 
 PyMODINIT_FUNC PyInit__stree(void) {
     if (PyType_Ready(&STreeType) < 0 || PyType_Ready(&StreamType) < 0) return NULL;

@@ -8,7 +8,14 @@ tokens that keep being rejected.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def next_draft_length(current: int, budget: int, drafted: int, accepted: int) -> int:
     """The next draft length after `accepted` of `drafted` tokens were accepted (drafted > 0)."""
     return min(budget, current + 2) if accepted == drafted else max(1, accepted + 1)
+
+
+def next_draft_lengths(current: np.ndarray, budget: int, drafted: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+    """`next_draft_length` for many rows at once (arrays of one step's outcomes)."""
+    return np.where(accepted == drafted, np.minimum(budget, current + 2), np.maximum(1, accepted + 1))

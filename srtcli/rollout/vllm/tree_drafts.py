@@ -18,6 +18,10 @@ under the tokenizer's fingerprint, so rows with the same prompt share one tree. 
 streamed into the trees up to and including eos or `max_new_tokens` and ends there, or after
 `PARK_STEPS` steps out of the batch; then it is committed (batched). Draft lengths follow the
 embedded engine's adaptive rule (`srtcli.rollout.drafters.draft_length`).
+
+A step's per-row work is two compiled calls over all rows (`cache_store.suffix_tree.feed_many`,
+then `draft_many`), with the bookkeeping between them done on arrays: every row's new tokens
+are in the trees before any row drafts, so a row drafts from its group's tokens of this step too.
 """
 
 from __future__ import annotations
@@ -29,10 +33,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from cache_store.uid import prompt_uid
-from srtcli.rollout.drafters.draft_length import next_draft_length
+from cache_store.suffix_tree import draft_many, feed_many
+from srtcli.rollout.drafters.draft_length import next_draft_lengths
 from srtcli.rollout.drafters.group_trees import DEPTH, Group, GroupTrees
-# pick drafts exactly as the embedded drafter does
-from srtcli.rollout.drafters.srt import best_draft
 from srtcli.rollout.vllm.commits import COMMIT_EVERY, COMMIT_SECONDS, IDLE_GROUPS, LiveGroups, StepClock
 from srtcli.rollout.vllm.counters import Counters
 from srtcli.rollout.vllm.table import Table
@@ -48,7 +51,8 @@ class _Seq:
     uid: str
     plen: int
     seen: int  # tokens of the row inserted (or skipped) so far: the row's length last step
-    streams: tuple  # the group tree's stream first: it drafts without looking the context up
+    streams: tuple  # the group tree's stream first, then the run-wide tree's
+    cores: tuple  # their compiled streams, for the batched calls
     group: Group  # its own reference: a sequence of a group no longer in memory can still draft
     tail: Any = None  # the row's last `TAIL` tokens before `seen` (what recognises the row)
     last_draft: list = field(default_factory=list)  # what we proposed for the next step
@@ -75,11 +79,12 @@ class TreeDrafts:
             raise ValueError("TreeDrafts needs a completed table: fingerprint and adaptive set (worker_facts)")
         self.table, self.budget, self.max_model_len = table, budget, max_model_len
         self.cap = table.max_new_tokens if table.max_new_tokens is not None else max_model_len
-        self.eos = set(table.eos_ids or ())
+        self.eos_ids = np.array(sorted(set(table.eos_ids or ())), dtype=np.int64)
         self.trees = GroupTrees(store, table.shared, writer=writer)
         self.groups = LiveGroups(self.trees, commit_every, commit_seconds, idle_groups)
         self.rows: dict[int, _Seq] = {}
-        self.tails = np.zeros((0, TAIL), dtype=np.int64)  # each row's `_Seq.tail`, in one array
+        # last step's rows, in the order of `rows`: their slots, lengths, and `TAIL` tokens before those
+        self._remember(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, TAIL), dtype=np.int64))
         self.away: dict[int, _Seq] = {}  # id -> sequence out of the batch that may come back
         self.step, self.clock = 0, StepClock()
         self.lock = threading.RLock()
@@ -90,7 +95,8 @@ class TreeDrafts:
         prompt = row[:plen].tolist()
         uid = prompt_uid(prompt, self.table.fingerprint)
         g = self.groups.open(uid)
-        return _Seq(uid, plen, plen, self.trees.streams(g, prompt[-1]), g)
+        streams = self.trees.streams(g, prompt[-1])
+        return _Seq(uid, plen, plen, streams, tuple(st.core for st in streams), g)
 
     @staticmethod
     def _continues(s: _Seq, row: np.ndarray, n: int) -> bool:
@@ -120,27 +126,27 @@ class TreeDrafts:
             return s
         return self._new_seq(row, max(n - k, 1))
 
-    def _kept(self, rows: int, num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray) -> list[int]:
-        """The rows (< `rows`) still holding last step's sequence: as long as they were or longer,
-        with the same `TAIL` tokens before that length; one gather for the whole batch."""
-        slots = np.fromiter(self.rows, np.int64, len(self.rows))
-        live = slots < rows
-        if not live.any():
-            return []
-        slots, tails = slots[live], self.tails[live]
-        seen = np.fromiter((s.seen for s in self.rows.values()), np.int64, len(self.rows))[live]
-        same = (token_ids_cpu[slots[:, None], tail_positions(seen)] == tails).all(1)
-        # in row order: rows are fed (and see each other's tokens) in the order vLLM keeps them
-        return np.sort(slots[same & (np.asarray(num_tokens_no_spec)[slots] >= seen)]).tolist()
+    def _kept(self, rows: int, num: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Per sequence tracked last step (in the order of `self.rows`): whether its row (< `rows`)
+        still holds it: as long as it was or longer, with the same `TAIL` tokens before that
+        length; one gather for the whole batch."""
+        same = np.zeros(len(self.slots), dtype=bool)
+        live = self.slots < rows
+        if live.any():
+            slots, seen = self.slots[live], self.seen[live]
+            same[live] = (ids[slots[:, None], tail_positions(seen)] == self.tails[live]).all(1) & (num[slots] >= seen)
+        return same
 
     def _track(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                token_ids_cpu: np.ndarray) -> dict[int, _Seq]:
         """Row -> the sequence it holds now; a tracked sequence no row holds any more has left."""
-        prev, cur = self.rows, {}
-        free = {id(s): s for s in prev.values()}
-        for i in self._kept(len(sampled_token_ids), num_tokens_no_spec, token_ids_cpu):
-            cur[i] = prev[i]  # rows that kept their sequence
-            free.pop(id(prev[i]), None)
+        kept, prev = self._kept(len(sampled_token_ids), num_tokens_no_spec, token_ids_cpu), list(self.rows.values())
+        cur = {i: self.rows[i] for i in np.sort(self.slots[kept]).tolist()}  # rows that kept their sequence
+        free = {}
+        for j in np.flatnonzero(~kept).tolist():  # the others may have moved, left or come back later
+            s = prev[j]
+            s.tail = self.tails[j]
+            free[id(s)] = s
         for i in range(len(sampled_token_ids)):  # moved rows, returning and new sequences
             if i in cur or not len(sampled_token_ids[i]):  # still prefilling: nothing sampled yet
                 continue
@@ -162,13 +168,10 @@ class TreeDrafts:
             del self.away[id(s)]
             self._end(s)
 
-    def _remember(self, token_ids_cpu: np.ndarray) -> None:
-        """Note each tracked row's length and the tokens before it, for the next step."""
-        slots = np.fromiter(self.rows, np.int64, len(self.rows))
-        seen = np.fromiter((s.seen for s in self.rows.values()), np.int64, len(self.rows))
-        self.tails = token_ids_cpu[slots[:, None], tail_positions(seen)]  # in the order of `rows`
-        for s, t in zip(self.rows.values(), self.tails):
-            s.tail = t
+    def _remember(self, slots: np.ndarray, seen: np.ndarray, ids: np.ndarray) -> None:
+        """Note each tracked row's length and the tokens before it, for the next step (arrays in
+        the order of `rows`)."""
+        self.slots, self.seen, self.tails = slots, seen, ids[slots[:, None], tail_positions(seen)]
 
     # --- the hook -----------------------------------------------------------------------------
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
@@ -179,74 +182,62 @@ class TreeDrafts:
             self.step += 1
             self.c.steps += 1
             self.c.row_forwards += sum(1 for t in sampled_token_ids if len(t))
-            self.rows = self._track(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            num = np.asarray(num_tokens_no_spec)
+            self.rows = self._track(sampled_token_ids, num, token_ids_cpu)
             out: list[list[int]] = [[] for _ in range(len(sampled_token_ids))]
-            nums = np.asarray(num_tokens_no_spec)[:len(out)].tolist()
-            for i, s in self.rows.items():
-                row, n = token_ids_cpu[i], nums[i]
-                self._feed(s, row, n)
-                if len(sampled_token_ids[i]) and not s.done:
-                    out[i] = s.last_draft = self._draft(s, row, n)
-            self._remember(token_ids_cpu)
+            self._remember(*self._step(out, sampled_token_ids, num, token_ids_cpu), token_ids_cpu)
             self._expire()
             if self.groups.due():
                 self.flush()
             self.clock.tick()
             return out
 
-    def _feed(self, s: _Seq, row: np.ndarray, n: int) -> None:
-        if n <= s.seen or s.done:
-            return
-        new = row[s.seen:n].tolist()
-        if s.last_draft:
-            self._verified(s, new)
-        self._take(s, new)
-        s.seen = n
-
-    def _verified(self, s: _Seq, new: list[int]) -> None:
-        """Count the kept drafts (they come first; the next token is vLLM's correction or bonus)
-        and adapt the draft length."""
-        a = 0
-        for t, d in zip(new, s.last_draft):
-            if t != d:
-                break
-            a += 1
-        self.c.accepted_tokens += a
+    def _step(self, out: list, sampled: Sequence[Sequence[int]], num: np.ndarray,
+              ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every tracked row at once, in two compiled calls: feed its new tokens (up to eos or
+        `max_new_tokens`, where it ends) and count what its last draft predicted, adapt its
+        draft length, then draft for the rows that sampled. Returns the rows' slots and lengths."""
+        slots = np.fromiter(self.rows, np.int64, len(self.rows))
+        if not len(slots):
+            return slots, slots
+        seqs = list(self.rows.values())
+        seen, plen, spec, done, drafted = np.array(
+            [(s.seen, s.plen, s.spec_len, s.done, len(s.last_draft)) for s in seqs], dtype=np.int64).T.copy()
+        n = num[slots].astype(np.int64)
+        fresh = (n > seen) & (done == 0)  # rows with new tokens to take
+        cores = [s.cores for s in seqs]
+        fed, accepted = feed_many(cores, ids, slots, seen, np.where(fresh, n, seen), plen + self.cap,
+                                  self.eos_ids, [s.last_draft for s in seqs])
+        fed, accepted = np.array(fed, dtype=np.int64), np.array(accepted, dtype=np.int64)
+        verified = fresh & (drafted > 0)  # its draft's verdict: kept drafts come first in the new tokens
+        self.c.accepted_tokens += int(accepted[verified].sum())
         if self.table.adaptive:
-            s.spec_len = next_draft_length(s.spec_len, self.budget, len(s.last_draft), a)
-        s.last_draft = []
+            spec = np.where(verified, next_draft_lengths(spec, self.budget, drafted, accepted), spec)
+        last = ids[slots, np.maximum(seen + fed - 1, 0)]
+        ended = fresh & ((fed < n - seen) | ((fed > 0) & np.isin(last, self.eos_ids))
+                         | (seen - plen + fed >= self.cap))
+        drafting = np.fromiter((len(sampled[i]) > 0 for i in slots.tolist()), bool, len(slots)) & (done == 0) & ~ended
+        spec = np.where(drafting & (spec < 0), self.budget, spec)  # a first draft: the whole budget
+        room = np.minimum(spec, np.minimum(self.max_model_len - n - 1, self.cap - (n - plen) - 1))
+        drafts = draft_many(cores, np.where(drafting, room, 0), self.table.min_prob)
+        self._count(drafting, drafts)
+        for s, i, k, sl, d, f, v, dr, e in zip(seqs, slots.tolist(), n.tolist(), spec.tolist(), drafts, fresh.tolist(),
+                                               verified.tolist(), drafting.tolist(), ended.tolist()):
+            s.spec_len, out[i] = sl, d
+            if f:
+                s.seen = k
+            if dr or v:  # a verified draft is spent; a new one replaces it
+                s.last_draft = d
+            if e:
+                s.done = True
+                self._end(s)
+        return slots, np.where(fresh, n, seen)
 
-    def _take(self, s: _Seq, new: list[int]) -> None:
-        """Stream the row's new tokens up to and including eos or `max_new_tokens`; the
-        sequence ends there (vLLM may hold accepted drafts past either in the row)."""
-        left = self.cap - (s.seen - s.plen)
-        keep = new if left >= len(new) else new[:max(left, 0)]
-        if not self.eos.isdisjoint(keep):
-            keep = keep[: next(j for j, t in enumerate(keep) if t in self.eos) + 1]
-        for st in s.streams:
-            st.extend(keep)
-        capped = s.seen - s.plen + len(keep) >= self.cap
-        if len(keep) < len(new) or (keep and keep[-1] in self.eos) or capped:
-            s.done = True
-            self._end(s)
-
-    def _room(self, s: _Seq, n: int) -> int:
-        if s.spec_len < 0:
-            s.spec_len = self.budget
-        return min(s.spec_len, self.max_model_len - n - 1, self.cap - (n - s.plen) - 1)
-
-    def _draft(self, s: _Seq, row: np.ndarray, n: int) -> list[int]:
-        """The most frequent path after the row's last tokens: the group tree's stream holds
-        exactly the row's output (anchor first) while it drafts, so it drafts without a lookup."""
-        self.c.rows += 1
-        room = self._room(s, n)
-        if room <= 0:
-            return []
-        best = best_draft(s.streams, room, self.table.min_prob)[1]
-        if best.tokens:
-            self.c.drafted_rows += 1
-            self.c.drafted_tokens += len(best.tokens)
-        return best.tokens
+    def _count(self, drafting: np.ndarray, drafts: list[list[int]]) -> None:
+        lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))
+        self.c.rows += int(drafting.sum())
+        self.c.drafted_rows += int((lengths > 0).sum())
+        self.c.drafted_tokens += int(lengths.sum())
 
     # --- ending -------------------------------------------------------------------------------
     def _end(self, s: _Seq) -> None:
@@ -283,7 +274,7 @@ class TreeDrafts:
         with self.lock:
             self._end_all(self.rows)
             self._end_all(self.away)
-            self.tails = self.tails[:0]
+            self._remember(self.slots[:0], self.seen[:0], np.zeros((0, TAIL), dtype=np.int64))
             self.flush()
             self.c.groups, self.c.hits = self.trees.loaded, self.trees.hits
             self.trees.loaded = self.trees.hits = 0

@@ -2,7 +2,8 @@
 before it) gives the same drafts and stores the same sequences as recognising every row by
 its whole token row, on random vLLM-like step sequences: rows that move (condense, swaps),
 preempted requests that come back (as themselves), finished rows (eos, junk after eos, the
-length cap), a prompt that is a prefix of another, a shrinking batch."""
+length cap), a prompt that is a prefix of another, a shrinking batch; and the batched feeding
+and drafting (two compiled calls a step) equals feeding and drafting row by row in Python."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from cache_store.seqstore import LmdbSequenceStore
 from cache_store.uid import prompt_uid
+from srtcli.rollout.drafters.draft_length import next_draft_length
 from srtcli.rollout.drafters.group_trees import DEPTH
 from srtcli.rollout.vllm.table import Table
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
@@ -25,8 +27,9 @@ OTHER = [99, 98, 97]  # a few more requests, one sample each
 
 class WholeRowTracking(TreeDrafts):
     """The reference: a row continues a sequence if it starts with every token the sequence
-    had (the whole row compared every step, the history concatenated), drafts looked up from
-    the row's last tokens in the group's tree."""
+    had (the whole row compared every step, the history concatenated); rows are fed and drafted
+    one at a time in Python, drafts looked up from the row's last tokens in the group's tree
+    and the run-wide tree."""
 
     def _new_seq(self, row, plen):
         s = super()._new_seq(row, plen)
@@ -59,23 +62,48 @@ class WholeRowTracking(TreeDrafts):
             self._left(s)
         return cur
 
-    def _remember(self, ids) -> None:
-        pass
+    def _step(self, out, sampled, num, ids):
+        """One row at a time in Python: every row's new tokens, then every row's draft."""
+        for i, s in self.rows.items():
+            self._feed(s, ids[i], int(num[i]))
+        for i, s in self.rows.items():
+            if len(sampled[i]) and not s.done:
+                out[i] = s.last_draft = self._draft(s, ids[i], int(num[i]))
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
     def _feed(self, s, row, n) -> None:
         seen = self._seen(s)
         if n <= len(seen) or s.done:
             return
         new = row[len(seen):n].tolist()
-        if s.last_draft:
-            self._verified(s, new)
+        if s.last_draft:  # count the kept drafts (they come first) and adapt the draft length
+            a = 0
+            while a < min(len(new), len(s.last_draft)) and new[a] == s.last_draft[a]:
+                a += 1
+            self.c.accepted_tokens += a
+            s.spec_len = next_draft_length(s.spec_len, self.budget, len(s.last_draft), a)
+            s.last_draft = []
         self._take(s, new)
         s.hist = np.concatenate([seen, np.asarray(new, dtype=np.int64)])
         s.seen = n
 
+    def _take(self, s, new) -> None:
+        """Up to and including eos or `max_new_tokens`; the sequence ends there."""
+        left = self.cap - (len(self._seen(s)) - s.plen)
+        keep = new[:max(left, 0)]
+        if EOS in keep:
+            keep = keep[: keep.index(EOS) + 1]
+        for st in s.streams:
+            st.extend(keep)
+        if len(keep) < len(new) or (keep and keep[-1] == EOS) or len(self._seen(s)) - s.plen + len(keep) >= self.cap:
+            s.done = True
+            self._end(s)
+
     def _draft(self, s, row, n):
         self.c.rows += 1
-        room = self._room(s, n)
+        if s.spec_len < 0:
+            s.spec_len = self.budget
+        room = min(s.spec_len, self.max_model_len - n - 1, self.cap - (n - s.plen) - 1)
         if room <= 0:
             return []
         ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(DEPTH - 1):].tolist()

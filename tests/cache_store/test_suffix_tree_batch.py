@@ -1,0 +1,89 @@
+"""`feed_many` and `draft_many`, the calls that feed and draft many live streams at once, do
+what feeding and drafting each stream from Python does: the same tokens appended (cut at the
+limit and after the first eos), the same accepted counts, the same draft picked between a
+row's streams; and bad arguments are refused before a row is touched."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from cache_store.suffix_tree import SuffixTree, draft_many, feed_many
+from srtcli.rollout.drafters.srt import best_draft
+
+EOS = 1
+
+
+def rows_of(pairs):
+    return [tuple(s.core for s in pair) for pair in pairs]
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_batched_calls_equal_one_stream_at_a_time(dtype):
+    rng = random.Random(0)
+    for _ in range(60):
+        own, shared = SuffixTree(64), SuffixTree(24)
+        vocab, rows = rng.choice([3, 5, 20]), rng.randint(1, 6)
+        batched = [(own.stream(), shared.stream()) for _ in range(rows)]
+        one_by_one = [(own.stream(), shared.stream()) for _ in range(rows)]  # same trees, same tokens
+        ids = np.zeros((rows, 300), dtype=dtype)
+        n = np.zeros(rows, dtype=np.int64)
+        for _ in range(40):
+            seen = n.copy()
+            for i in range(rows):
+                k = rng.randint(0, 4)
+                ids[i, n[i]:n[i] + k] = [rng.randrange(vocab) for _ in range(k)]
+                n[i] += k
+            drafts = [[rng.randrange(vocab) for _ in range(rng.randint(0, 3))] for _ in range(rows)]
+            limits = seen + np.array([rng.randint(0, 5) for _ in range(rows)])
+            fed, accepted = feed_many(rows_of(batched), ids, np.arange(rows), seen, n, limits,
+                                      np.array([EOS]), drafts)
+            for i in range(rows):
+                new = ids[i, seen[i]:n[i]].tolist()
+                keep = new[:max(0, min(len(new), limits[i] - seen[i]))]
+                if EOS in keep:
+                    keep = keep[:keep.index(EOS) + 1]
+                for s in one_by_one[i]:
+                    s.extend(keep)
+                a = 0
+                while a < min(len(new), len(drafts[i])) and new[a] == drafts[i][a]:
+                    a += 1
+                assert (fed[i], accepted[i]) == (len(keep), a)
+            rooms = np.array([rng.randint(-1, 8) for _ in range(rows)])
+            want = [best_draft(one_by_one[i], int(r), 0.1)[1].tokens if r > 0 else [] for i, r in enumerate(rooms)]
+            assert draft_many(rows_of(batched), rooms, 0.1) == want
+
+
+def test_a_row_drafts_from_its_first_stream_on_a_tie():
+    a, b = SuffixTree(8), SuffixTree(8)
+    for t, toks in ((a, [5, 6, 7]), (b, [5, 6, 9])):
+        t.add(toks)
+    ra, rb = a.stream(), b.stream()
+    for s in (ra, rb):
+        s.extend([5, 6])
+    rooms = np.array([4, 4])
+    assert draft_many([(ra.core, rb.core), (rb.core, ra.core)], rooms, 0.1) == [[7], [9]]
+
+
+def test_bad_arguments_are_refused_and_nothing_is_fed():
+    t = SuffixTree(8)
+    s = t.stream()
+    ids = np.array([[3, 4, 5]], dtype=np.int64)
+    one = np.array([0], dtype=np.int64)
+    args = ([(s.core,)], ids, one, one, np.array([3]), np.array([9]), np.array([EOS]), [[]])
+    with pytest.raises(TypeError, match="ids"):
+        feed_many(args[0], ids.astype(np.float64), *args[2:])
+    with pytest.raises(ValueError, match="differ in length"):
+        feed_many(args[0], ids, np.array([0, 0]), *args[3:])
+    with pytest.raises(ValueError, match="row 0"):
+        feed_many(args[0], ids, one, one, np.array([4]), *args[5:])  # past the width of ids
+    with pytest.raises(ValueError, match="row 0"):
+        feed_many([(s,)], *args[1:])  # the wrapper, not its core
+    assert t.stats().tokens == 0
+    s.close()
+    with pytest.raises(ValueError, match="closed"):
+        feed_many(*args)
+    with pytest.raises(ValueError, match="NaN"):
+        draft_many([(s.core,)], one, float("nan"))
