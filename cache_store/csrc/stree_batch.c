@@ -38,7 +38,8 @@ static int is_streams(PyObject *o) {
 }
 
 /* Row i's arguments, checked before any row is fed: a tuple of open streams, a draft list,
- * 0 <= start <= end <= the width of ids in a row of ids, and its new tokens in [0, 2**31). */
+ * 0 <= start <= end <= the width of ids in a row of ids, and its new tokens in [0, 2**31). A
+ * draft is a list of ints (the ids of the row's last draft). */
 static int check_row(Py_ssize_t i, PyObject *streams, PyObject *draft, const Py_buffer *ids, int64_t slot,
                      int64_t a, int64_t e) {
     Py_ssize_t width = ids->shape[1];
@@ -48,6 +49,11 @@ static int check_row(Py_ssize_t i, PyObject *streams, PyObject *draft, const Py_
                      "<= the width of ids, in a row of ids", i);
         return -1;
     }
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(draft); j++)
+        if (!PyLong_Check(PyList_GET_ITEM(draft, j))) {
+            PyErr_Format(PyExc_ValueError, "row %zd: a draft is a list of token ids", i);
+            return -1;
+        }
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(streams); j++)
         if (((Stream *)PyTuple_GET_ITEM(streams, j))->closed) {
             PyErr_Format(PyExc_ValueError, "row %zd: the stream is closed", i);
@@ -74,7 +80,8 @@ static Py_ssize_t cut_at_eos(const int32_t *toks, Py_ssize_t stop, const Py_buff
 /* The common prefix of toks[0..k) and the list `draft`. */
 static Py_ssize_t predicted(const int32_t *toks, Py_ssize_t k, PyObject *draft) {
     Py_ssize_t n = PyList_GET_SIZE(draft), a = 0;
-    while (a < k && a < n && PyLong_AsLong(PyList_GET_ITEM(draft, a)) == toks[a]) a++;
+    for (int over = 0; a < k && a < n; a++) /* an id past a long can match no token */
+        if (PyLong_AsLongAndOverflow(PyList_GET_ITEM(draft, a), &over) != toks[a] || over) break;
     return a;
 }
 

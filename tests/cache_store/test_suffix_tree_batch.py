@@ -87,3 +87,15 @@ def test_bad_arguments_are_refused_and_nothing_is_fed():
         feed_many(*args)
     with pytest.raises(ValueError, match="NaN"):
         draft_many([(s.core,)], one, float("nan"))
+
+
+def test_a_draft_of_anything_but_ints_is_refused_and_a_huge_id_matches_nothing():
+    t = SuffixTree(8)
+    s = t.stream()
+    ids = np.array([[3, 4, 5]], dtype=np.int64)
+    one = np.array([0], dtype=np.int64)
+    with pytest.raises(ValueError, match="list of token ids"):
+        feed_many([(s.core,)], ids, one, one, np.array([3]), np.array([9]), np.array([EOS]), [[3, "4"]])
+    assert t.stats().tokens == 0
+    fed, accepted = feed_many([(s.core,)], ids, one, one, np.array([3]), np.array([9]), np.array([EOS]), [[3, 2**80]])
+    assert (fed, accepted) == ([3], [1])
