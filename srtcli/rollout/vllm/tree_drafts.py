@@ -62,6 +62,21 @@ class _Seq:
     left: int = -1  # the step it left the batch at, while it may come back
 
 
+@dataclass
+class _Rows:
+    """One step's tracked rows as arrays (in the order of `TreeDrafts.rows`)."""
+
+    slots: np.ndarray
+    n: np.ndarray  # each row's length now
+    seen: np.ndarray
+    plen: np.ndarray
+    spec: np.ndarray  # adaptive draft length
+    done: np.ndarray
+    drafted: np.ndarray  # length of its last draft
+    cores: list = field(default_factory=list)
+    verified: Any = None  # its last draft was verified this step
+
+
 def tail_positions(seen: np.ndarray) -> np.ndarray:
     """Per row, the `TAIL` positions just before its `seen` (clipped at 0), to gather at once."""
     return np.maximum(seen[:, None] - TAIL + np.arange(TAIL), 0)
@@ -194,44 +209,49 @@ class TreeDrafts:
 
     def _step(self, out: list, sampled: Sequence[Sequence[int]], num: np.ndarray,
               ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Every tracked row at once, in two compiled calls: feed its new tokens (up to eos or
-        `max_new_tokens`, where it ends) and count what its last draft predicted, adapt its
-        draft length, then draft for the rows that sampled. Returns the rows' slots and lengths."""
+        """Every tracked row at once, in two compiled calls: feed its new tokens and adapt its
+        draft length (`_feed`), then draft for the rows that sampled. Returns the rows' slots and
+        lengths."""
         slots = np.fromiter(self.rows, np.int64, len(self.rows))
         if not len(slots):
             return slots, slots
         seqs = list(self.rows.values())
-        seen, plen, spec, done, drafted = np.array(
-            [(s.seen, s.plen, s.spec_len, s.done, len(s.last_draft)) for s in seqs], dtype=np.int64).T.copy()
-        n = num[slots].astype(np.int64)
-        fresh = (n > seen) & (done == 0)  # rows with new tokens to take
-        cores = [s.cores for s in seqs]
-        fed, accepted = feed_many(cores, ids, slots, seen, np.where(fresh, n, seen), plen + self.cap,
-                                  self.eos_ids, [s.last_draft for s in seqs])
-        fed, accepted = np.array(fed, dtype=np.int64), np.array(accepted, dtype=np.int64)
-        verified = fresh & (drafted > 0)  # its draft's verdict: kept drafts come first in the new tokens
-        self.c.accepted_tokens += int(accepted[verified].sum())
-        if self.table.adaptive:
-            spec = np.where(verified, next_draft_lengths(spec, self.budget, drafted, accepted), spec)
-        last = ids[slots, np.maximum(seen + fed - 1, 0)]
-        ended = fresh & ((fed < n - seen) | ((fed > 0) & np.isin(last, self.eos_ids))
-                         | (seen - plen + fed >= self.cap))
-        drafting = np.fromiter((len(sampled[i]) > 0 for i in slots.tolist()), bool, len(slots)) & (done == 0) & ~ended
-        spec = np.where(drafting & (spec < 0), self.budget, spec)  # a first draft: the whole budget
-        room = np.minimum(spec, np.minimum(self.max_model_len - n - 1, self.cap - (n - plen) - 1))
-        drafts = draft_many(cores, np.where(drafting, room, 0), self.table.min_prob)
+        b = self._feed(seqs, slots, num[slots].astype(np.int64), ids)
+        drafting = np.fromiter((len(sampled[i]) > 0 for i in b.slots.tolist()), bool, len(seqs)) & ~b.done
+        b.spec = np.where(drafting & (b.spec < 0), self.budget, b.spec)  # a first draft: the whole budget
+        room = np.minimum(b.spec, np.minimum(self.max_model_len - b.n - 1, self.cap - (b.n - b.plen) - 1))
+        drafts = draft_many(b.cores, np.where(drafting, room, 0), self.table.min_prob)
         self._count(drafting, drafts)
-        for s, i, k, sl, d, f, v, dr, e in zip(seqs, slots.tolist(), n.tolist(), spec.tolist(), drafts, fresh.tolist(),
-                                               verified.tolist(), drafting.tolist(), ended.tolist()):
+        for s, i, sl, d, dr, v in zip(seqs, b.slots.tolist(), b.spec.tolist(), drafts, drafting.tolist(),
+                                      b.verified.tolist()):
             s.spec_len, out[i] = sl, d
-            if f:
-                s.seen = k
             if dr or v:  # a verified draft is spent; a new one replaces it
                 s.last_draft = d
-            if e:
-                s.done = True
-                self._end(s)
-        return slots, np.where(fresh, n, seen)
+        return b.slots, b.seen
+
+    def _feed(self, seqs: list[_Seq], slots: np.ndarray, n: np.ndarray, ids: np.ndarray) -> "_Rows":
+        """Each row's new tokens into its trees (up to and including eos or `max_new_tokens`,
+        where its sequence ends), what its last draft predicted, and its next draft length."""
+        b = _Rows(slots, n, *np.array([(s.seen, s.plen, s.spec_len, s.done, len(s.last_draft)) for s in seqs],
+                                      dtype=np.int64).T.copy(), cores=[s.cores for s in seqs])
+        fresh = (n > b.seen) & (b.done == 0)  # rows with new tokens to take
+        fed, accepted = (np.array(x, dtype=np.int64) for x in feed_many(
+            b.cores, ids, slots, b.seen, np.where(fresh, n, b.seen), b.plen + self.cap, self.eos_ids,
+            [s.last_draft for s in seqs]))
+        b.verified = fresh & (b.drafted > 0)  # its draft's verdict: kept drafts come first in the new tokens
+        self.c.accepted_tokens += int(accepted[b.verified].sum())
+        if self.table.adaptive:
+            b.spec = np.where(b.verified, next_draft_lengths(b.spec, self.budget, b.drafted, accepted), b.spec)
+        last = ids[slots, np.maximum(b.seen + fed - 1, 0)]
+        ended = fresh & ((fed < n - b.seen) | ((fed > 0) & np.isin(last, self.eos_ids))
+                         | (b.seen - b.plen + fed >= self.cap))
+        for s in (seqs[j] for j in np.flatnonzero(ended).tolist()):
+            s.done = True
+            self._end(s)
+        for s, k in zip((seqs[j] for j in np.flatnonzero(fresh).tolist()), n[fresh].tolist()):
+            s.seen = k
+        b.seen, b.done = np.where(fresh, n, b.seen), (b.done > 0) | ended
+        return b
 
     def _count(self, drafting: np.ndarray, drafts: list[list[int]]) -> None:
         lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))
