@@ -26,6 +26,12 @@ class Counters:
     resumed_rows: int = 0  # sequences that left the batch and came back as themselves
     commits: int = 0
 
+    def drafted(self, rows: int, drafts: list[list[int]]) -> None:
+        """A step drafted for `rows` rows; `drafts` holds every row's draft ([] for the others)."""
+        self.rows += rows
+        self.drafted_rows += sum(1 for d in drafts if d)
+        self.drafted_tokens += sum(map(len, drafts))
+
 
 def spec_metrics(llm: Any) -> dict[str, float]:
     """vLLM's own cumulative speculative-decoding counters (`vllm:spec_decode_*`)."""

@@ -11,17 +11,16 @@ sequence is recognised by its tokens, reading only what a step changed: a row co
 sequence it tracked if it is at least as long as the sequence was and holds the same `TAIL`
 tokens before that length (one gather for the whole batch); otherwise it is a sequence that
 moved there, one that left the batch and came back (vLLM drops a request it preempts or skips
-for a step; it returns holding exactly what it held plus this step's tokens), or a new one. A
-new sequence's prompt is what its row held before its first sampled tokens; its group
-(`commits.LiveGroups` over the embedded drafter's `GroupTrees`) is that prompt's `prompt_uid`
-under the tokenizer's fingerprint, so rows with the same prompt share one tree. A sequence is
-streamed into the trees up to and including eos or `max_new_tokens` and ends there, or after
-`PARK_STEPS` steps out of the batch; then it is committed (batched). Draft lengths follow the
-embedded engine's adaptive rule (`srtcli.rollout.drafters.draft_length`).
+for a step; it returns holding exactly what it held plus this step's tokens), or a new one,
+whose prompt is what its row held before its first sampled tokens; rows with the same prompt
+(`prompt_uid` under the tokenizer's fingerprint) share one group tree (`commits.LiveGroups`).
+A sequence is streamed into the trees up to and including eos or `max_new_tokens` and ends
+there, or after `PARK_STEPS` steps out of the batch; then it is committed (batched).
 
 A step's per-row work is two compiled calls over all rows (`cache_store.suffix_tree.feed_many`,
-then `draft_many`), with the bookkeeping between them done on arrays: every row's new tokens
-are in the trees before any row drafts, so a row drafts from its group's tokens of this step too.
+then `draft_many`), the bookkeeping between them (the adaptive draft length of
+`srtcli.rollout.drafters.draft_length`, rooms, ends) on arrays. Every row's new tokens are in
+the trees before any row drafts, so a row drafts from its group's tokens of this step too.
 """
 
 from __future__ import annotations
@@ -221,7 +220,7 @@ class TreeDrafts:
         b.spec = np.where(drafting & (b.spec < 0), self.budget, b.spec)  # a first draft: the whole budget
         room = np.minimum(b.spec, np.minimum(self.max_model_len - b.n - 1, self.cap - (b.n - b.plen) - 1))
         drafts = draft_many(b.cores, np.where(drafting, room, 0), self.table.min_prob)
-        self._count(drafting, drafts)
+        self.c.drafted(int(drafting.sum()), drafts)
         for s, i, sl, d, dr, v in zip(seqs, b.slots.tolist(), b.spec.tolist(), drafts, drafting.tolist(),
                                       b.verified.tolist()):
             s.spec_len, out[i] = sl, d
@@ -252,12 +251,6 @@ class TreeDrafts:
             s.seen = k
         b.seen, b.done = np.where(fresh, n, b.seen), (b.done > 0) | ended
         return b
-
-    def _count(self, drafting: np.ndarray, drafts: list[list[int]]) -> None:
-        lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))
-        self.c.rows += int(drafting.sum())
-        self.c.drafted_rows += int((lengths > 0).sum())
-        self.c.drafted_tokens += int(lengths.sum())
 
     # --- ending -------------------------------------------------------------------------------
     def _end(self, s: _Seq) -> None:
