@@ -24,6 +24,7 @@ from cache_store.suffix_tree import SuffixTree
 DEPTH = 64
 SHARED_DEPTH = 24  # the run-wide tree: SuffixDecoding's global-tree depth
 SHARED_MAX_TOKENS = 1 << 21  # then the run-wide tree starts again from its newest sequences
+SHARED_MAX_SEQUENCES = 1 << 18  # or then (a suffix tree holds at most 524,287: short outputs)
 SHARED_KEEP = 1 << 18  # tokens of the newest sequences a new run-wide tree starts with
 
 
@@ -35,11 +36,12 @@ def load_tree(store: Any, uid: str) -> tuple[SuffixTree, bool]:
 
 
 def renewed(shared: SuffixTree) -> SuffixTree:
-    """A new run-wide tree holding `shared`'s newest sequences, up to SHARED_KEEP tokens (live
-    ones as they are now). Live streams keep feeding and drafting from the old tree until they
-    end; then it is freed. Costs O(SHARED_KEEP) once per SHARED_MAX_TOKENS tokens generated."""
-    keep, left = [], SHARED_KEEP
-    for i in range(shared.stats().sequences - 1, -1, -1):
+    """A new run-wide tree holding `shared`'s newest sequences, up to SHARED_KEEP tokens and a
+    quarter of SHARED_MAX_SEQUENCES (live ones as they are now). Live streams keep feeding and
+    drafting from the old tree until they end; then it is freed. Costs O(SHARED_KEEP) once per
+    SHARED_MAX_TOKENS tokens (or SHARED_MAX_SEQUENCES sequences) generated."""
+    keep, left, n = [], SHARED_KEEP, shared.stats().sequences
+    for i in range(n - 1, max(n - 1 - SHARED_MAX_SEQUENCES // 4, -1), -1):
         toks = shared.sequence(i)
         if len(toks) > left:
             break
@@ -101,7 +103,8 @@ class GroupTrees:
 
     def bound_shared(self) -> None:
         """Keep the run-wide tree's memory bounded on long runs (see `renewed`)."""
-        if self.shared is not None and self.shared.stats().tokens > SHARED_MAX_TOKENS:
+        stats = self.shared.stats() if self.shared is not None else None
+        if stats is not None and (stats.tokens > SHARED_MAX_TOKENS or stats.sequences > SHARED_MAX_SEQUENCES):
             self.shared = renewed(self.shared)
 
     def retire(self, uid: str) -> None:

@@ -111,6 +111,27 @@ def test_the_run_wide_tree_stays_bounded_and_starts_again_from_its_newest_sequen
     assert renewals >= 2
 
 
+def test_the_run_wide_tree_is_renewed_before_it_holds_too_many_sequences(monkeypatch):
+    """Short outputs fill a suffix tree's sequence table (524,287) long before its token bound."""
+    import srtcli.rollout.drafters.group_trees as group_trees
+
+    monkeypatch.setattr(group_trees, "SHARED_MAX_SEQUENCES", 40)
+    d, streamed, renewals = SrtDrafter(), [], 0
+    for i in range(100):
+        s, before = seq([1, 2], group=str(i)), d.trees.shared
+        d.begin(s)
+        d.extend(s, [3 + i % 7])
+        streamed.append([2, 3 + i % 7])  # anchor first
+        d.end(s)
+        d.group_done(str(i))
+        shared = d.trees.shared
+        assert shared.stats().sequences <= 41
+        if shared is not before:  # renewed: the newest quarter of the bound
+            renewals += 1
+            assert [list(shared.sequence(j)) for j in range(shared.stats().sequences)] == streamed[-10:]
+    assert renewals >= 2
+
+
 def test_srt_sample_mode_records_the_distribution_it_sampled_from():
     d = SrtDrafter(mode="sample", min_prob=0.0)
     a, b = seq([1, 2]), seq([1, 2])
