@@ -70,7 +70,10 @@ class SrtDrafter(Drafter):
         if not seq.runahead:  # the hit rate is over real groups only
             self.trees.count(g)
         # the sequence keeps its group's tree: a run-ahead sequence may outlive the group
-        seq.drafter_state = (g.tree, self.trees.streams(g, seq.prompt_ids[-1]))
+        streams = self.trees.streams(g, seq.prompt_ids[-1])
+        for s in streams:  # the streams hold everything after the prompt, from the start on
+            s.extend(seq.output)
+        seq.drafter_state = (g.tree, streams)
 
     def propose(self, seq: Any, budget: int) -> Proposal:
         # the streams hold the sequence's tokens (anchor first): a step costs the same at token

@@ -66,14 +66,12 @@ def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
     d.begin(a)
     d.extend(a, [7, 8, 9, 10])
     other = seq([1, 2], [7], group=h)  # another prompt: its own tree has nothing after 7
-    d.begin(other)
-    d.extend(other, [7])
+    d.begin(other)  # what the sequence already holds goes into the trees
     assert d.propose(other, 8).tokens == [8, 9, 10]  # from the run-wide tree
     d.extend(other, [5, 5])
     other.tokens += [5, 5]
     again = seq([1, 2], [7], group=h)
     d.begin(again)
-    d.extend(again, [7])
     # h's tree: 7 -> 5 always; the run-wide tree: 7 -> 8 once, 7 -> 5 once: h's own tree wins
     assert d.propose(again, 8).tokens == [5, 5]
     for s in (a, other, again):
