@@ -271,6 +271,10 @@ class LmdbSequenceStore:
         self.close()
 
 
-def load_tree(store: SequenceStore, uid: str, max_depth: int = 64) -> SuffixTree:
-    """The prompt's tree: every stored sequence above the floor, weighted by its decay."""
-    return SuffixTree.from_sequences(((s.tokens, s.weight) for s in store.read(uid)), max_depth)
+def load_tree(store: SequenceStore, uid: str, max_depth: int = 64, newest: int | None = None) -> SuffixTree:
+    """The prompt's tree: every stored sequence above the floor (or the `newest` of them),
+    weighted by its decay."""
+    seqs = store.read(uid)
+    if newest is not None:
+        seqs = seqs[len(seqs) - newest:] if len(seqs) > newest else seqs
+    return SuffixTree.from_sequences(((s.tokens, s.weight) for s in seqs), max_depth)

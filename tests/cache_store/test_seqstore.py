@@ -64,6 +64,15 @@ def test_a_commit_appends_and_never_rewrites_what_is_stored(tmp_path):
     s.close()
 
 
+def test_load_can_keep_only_the_newest_sequences(tmp_path):
+    with LmdbSequenceStore.open(tmp_path / "s") as s:
+        s.append(UIDS[0], [rollout(i) for i in range(5)])
+        tree = load_tree(s, UIDS[0], max_depth=8, newest=2)
+        assert tree.stats().sequences == 2
+        assert [list(tree.sequence(i)) for i in range(2)] == [rollout(3), rollout(4)]
+        assert load_tree(s, UIDS[0], max_depth=8, newest=9).stats().sequences == 5
+
+
 def test_load_builds_the_tree_of_the_decayed_sequences(tmp_path):
     s = LmdbSequenceStore.open(tmp_path / "s", half_life=1.0, floor=0.1)
     s.append(UIDS[0], [rollout(0), rollout(1)])

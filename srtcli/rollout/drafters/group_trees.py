@@ -26,28 +26,30 @@ SHARED_DEPTH = 24  # the run-wide tree: SuffixDecoding's global-tree depth
 SHARED_MAX_TOKENS = 1 << 21  # then the run-wide tree starts again from its newest sequences
 SHARED_MAX_SEQUENCES = 1 << 18  # or then (a suffix tree holds at most 524,287: short outputs)
 SHARED_KEEP = 1 << 18  # tokens of the newest sequences a new run-wide tree starts with
+# a suffix tree holds at most 524,287 sequences: a prompt's tree loads (or, in a long-lived vLLM
+# server, starts again from) its newest GROUP_KEEP once it would hold GROUP_MAX_SEQUENCES
+GROUP_MAX_SEQUENCES, GROUP_KEEP = 1 << 18, 1 << 17
 
 
 def load_tree(store: Any, uid: str) -> tuple[SuffixTree, bool]:
-    """The prompt's tree from the store (decayed), or a new empty one; and whether the store
-    held sequences for it (a hit)."""
-    tree = load_stored(store, uid, DEPTH) if store is not None else SuffixTree(DEPTH)
+    """The prompt's tree from the store (decayed; its newest GROUP_KEEP sequences), or a new
+    empty one; and whether the store held sequences for it (a hit)."""
+    tree = load_stored(store, uid, DEPTH, newest=GROUP_KEEP) if store is not None else SuffixTree(DEPTH)
     return tree, tree.mass > 0
 
 
-def renewed(shared: SuffixTree) -> SuffixTree:
-    """A new run-wide tree holding `shared`'s newest sequences, up to SHARED_KEEP tokens and a
-    quarter of SHARED_MAX_SEQUENCES (live ones as they are now). Live streams keep feeding and
-    drafting from the old tree until they end; then it is freed. Costs O(SHARED_KEEP) once per
-    SHARED_MAX_TOKENS tokens (or SHARED_MAX_SEQUENCES sequences) generated."""
-    keep, left, n = [], SHARED_KEEP, shared.stats().sequences
-    for i in range(n - 1, max(n - 1 - SHARED_MAX_SEQUENCES // 4, -1), -1):
-        toks = shared.sequence(i)
+def newest(tree: SuffixTree, sequences: int, tokens: int) -> SuffixTree:
+    """A new tree (same depth, weights 1) holding `tree`'s newest sequences, at most `sequences`
+    of them and `tokens` tokens in all (live ones as they are now). Live streams keep feeding
+    and drafting from the old tree until they end; then it is freed."""
+    keep, left, n = [], tokens, tree.stats().sequences
+    for i in range(n - 1, max(n - 1 - sequences, -1), -1):
+        toks = tree.sequence(i)
         if len(toks) > left:
             break
         keep.append(toks)
         left -= len(toks)
-    return SuffixTree.from_sequences(((t, 1.0) for t in reversed(keep)), SHARED_DEPTH)
+    return SuffixTree.from_sequences(((t, 1.0) for t in reversed(keep)), tree.max_depth)
 
 
 @dataclass
@@ -102,10 +104,12 @@ class GroupTrees:
         return streams
 
     def bound_shared(self) -> None:
-        """Keep the run-wide tree's memory bounded on long runs (see `renewed`)."""
+        """Keep the run-wide tree's memory bounded on long runs: past SHARED_MAX_TOKENS tokens or
+        SHARED_MAX_SEQUENCES sequences it starts again from its newest (`newest`)."""
         stats = self.shared.stats() if self.shared is not None else None
         if stats is not None and (stats.tokens > SHARED_MAX_TOKENS or stats.sequences > SHARED_MAX_SEQUENCES):
-            self.shared = renewed(self.shared)
+            # costs O(SHARED_KEEP) once per SHARED_MAX_TOKENS tokens (or sequences) generated
+            self.shared = newest(self.shared, SHARED_MAX_SEQUENCES // 4, SHARED_KEEP)
 
     def retire(self, uid: str) -> None:
         """The group is done: its new sequences (if any) wait for the next append."""

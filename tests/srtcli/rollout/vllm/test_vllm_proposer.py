@@ -167,6 +167,32 @@ def test_a_rows_prompt_is_what_it_held_before_its_first_sampled_tokens(tmp_path)
     assert DEPTH == 64
 
 
+def test_a_prompt_seen_more_often_than_its_tree_can_hold_starts_again_from_its_newest(tmp_path, monkeypatch):
+    """A suffix tree holds at most 524,287 sequences: a server that sees one prompt more often
+    than that keeps going, its prompt's tree renewed from the newest sequences, and every
+    sequence still reaches the store (the ones in flight commit from the old tree)."""
+    import srtcli.rollout.vllm.commits as commits
+
+    monkeypatch.setattr(commits, "GROUP_MAX_SEQUENCES", 6)
+    monkeypatch.setattr(commits, "GROUP_KEEP", 3)
+    p = PROMPTS[UID_A]
+    with LmdbSequenceStore.open(tmp_path / "c") as store:
+        d = TreeDrafts(_table(tmp_path / "c"), budget=4, max_model_len=64, store=store, commit_every=1000)
+        groups = set()
+        for k in range(20):  # one sample at a time, two rows each: the same prompt every time
+            ids = np.zeros((2, 64), dtype=np.int64)
+            out = [[30 + k, EOS], [40 + k, EOS]]
+            for r in range(2):
+                ids[r, : len(p) + 2] = p + out[r]
+            d.propose([[], []], np.array([len(p)] * 2), ids)  # prefill
+            d.propose([o for o in out], np.array([len(p) + 2] * 2), ids)  # both end at eos
+            groups.add(id(d.trees.groups[UID_A]))
+            assert d.trees.groups[UID_A].tree.stats().sequences <= 6
+        d.finish()
+        assert len(groups) > 1
+        assert len(store.read(UID_A)) == 40  # none lost
+
+
 def test_table_round_trips(tmp_path):
     t = _table(tmp_path / "c")
     write_table(tmp_path / "t.json", t)
