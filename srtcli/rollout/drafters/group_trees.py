@@ -2,15 +2,15 @@
 behind both the embedded `srt` drafter and the vLLM proposer, so both fill the cache alike.
 
 When a group's prompt is first needed its tree is built from the sequence store
-(`cache_store.seqstore.load_tree`: every stored rollout of the prompt, weighted by its decay)
-or started empty, with a flag saying whether the store held sequences for it (a hit). Every
-token a sample of the group appends goes at once into that tree (a `SuffixTree` stream), so
-later and concurrent samples draft from it, and into the run-wide shared tree (all prompts
-mixed, never persisted; a suffix tree too, so a token costs a few nodes, not one per depth).
-Each sequence is streamed starting with the prompt's last token (an
-anchor), so it can be drafted from its first token. When a group ends, the sequences this run
-streamed into its tree (not the loaded ones) wait in `pending` until they are appended to the
-store with one `append_many` (batched); appends never merge, so concurrent writers lose nothing.
+(`cache_store.seqstore.load_tree`: the prompt's stored rollouts, weighted by their decay) or
+started empty, with a flag saying whether the store held sequences for it (a hit). Every token
+a sample of the group appends goes at once into that tree (a `SuffixTree` stream), so later
+and concurrent samples draft from it, and into the run-wide shared tree (all prompts mixed,
+never persisted; a suffix tree too). Each sequence is streamed starting with the prompt's last
+token (an anchor), so it can be drafted from its first token. When a group ends, the sequences
+this run streamed into its tree (not the loaded ones) wait in `pending` until they are
+appended to the store with one `append_many` (batched); appends never merge, so concurrent
+writers lose nothing.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from cache_store.suffix_tree import SuffixTree
 DEPTH = 64
 SHARED_DEPTH = 24  # the run-wide tree: SuffixDecoding's global-tree depth
 SHARED_MAX_TOKENS = 1 << 21  # then the run-wide tree starts again from its newest sequences
-SHARED_MAX_SEQUENCES = 1 << 18  # or then (a suffix tree holds at most 524,287: short outputs)
+SHARED_MAX_SEQUENCES = 1 << 18  # or then: short outputs would fill its sequence table first
 SHARED_KEEP = 1 << 18  # tokens of the newest sequences a new run-wide tree starts with
-# a suffix tree holds at most 524,287 sequences: a prompt's tree loads (or, in a long-lived vLLM
-# server, starts again from) its newest GROUP_KEEP once it would hold GROUP_MAX_SEQUENCES
+# a suffix tree holds at most 524,287 sequences: a prompt's tree loads its newest GROUP_KEEP,
+# and a long-lived vLLM server starts it again from them once it holds GROUP_MAX_SEQUENCES
 GROUP_MAX_SEQUENCES, GROUP_KEEP = 1 << 18, 1 << 17
 
 
