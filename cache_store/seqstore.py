@@ -271,10 +271,12 @@ class LmdbSequenceStore:
         self.close()
 
 
-def load_tree(store: SequenceStore, uid: str, max_depth: int = 64, newest: int | None = None) -> SuffixTree:
-    """The prompt's tree: every stored sequence above the floor (or the `newest` of them),
-    weighted by its decay."""
+LOAD_NEWEST = 1 << 17  # sequences a load keeps at most (a suffix tree holds 524,287)
+
+
+def load_tree(store: SequenceStore, uid: str, max_depth: int = 64, newest: int = LOAD_NEWEST) -> SuffixTree:
+    """The prompt's tree: its stored sequences above the floor (the `newest` of them), weighted
+    by their decay."""
     seqs = store.read(uid)
-    if newest is not None:
-        seqs = seqs[len(seqs) - newest:] if len(seqs) > newest else seqs
+    seqs = seqs[len(seqs) - newest:] if len(seqs) > newest else seqs
     return SuffixTree.from_sequences(((s.tokens, s.weight) for s in seqs), max_depth)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cache_store.seqstore import LOAD_NEWEST
 from cache_store.seqstore import load_tree as load_stored
 from cache_store.suffix_tree import SuffixTree
 
@@ -28,13 +29,13 @@ SHARED_MAX_SEQUENCES = 1 << 18  # or then: short outputs would fill its sequence
 SHARED_KEEP = 1 << 18  # tokens of the newest sequences a new run-wide tree starts with
 # a suffix tree holds at most 524,287 sequences: a prompt's tree loads its newest GROUP_KEEP,
 # and a long-lived vLLM server starts it again from them once it holds GROUP_MAX_SEQUENCES
-GROUP_MAX_SEQUENCES, GROUP_KEEP = 1 << 18, 1 << 17
+GROUP_MAX_SEQUENCES, GROUP_KEEP = 1 << 18, LOAD_NEWEST
 
 
 def load_tree(store: Any, uid: str) -> tuple[SuffixTree, bool]:
-    """The prompt's tree from the store (decayed; its newest GROUP_KEEP sequences), or a new
+    """The prompt's tree from the store (decayed; its newest LOAD_NEWEST sequences), or a new
     empty one; and whether the store held sequences for it (a hit)."""
-    tree = load_stored(store, uid, DEPTH, newest=GROUP_KEEP) if store is not None else SuffixTree(DEPTH)
+    tree = load_stored(store, uid, DEPTH) if store is not None else SuffixTree(DEPTH)
     return tree, tree.mass > 0
 
 
