@@ -155,6 +155,16 @@ class SuffixTree:
     def nodes(self) -> int:
         return self._t.nodes
 
+    @property
+    def sequences(self) -> int:
+        """Sequences stored, live ones included (O(1), unlike `stats`)."""
+        return self._t.sequences
+
+    @property
+    def tokens(self) -> int:
+        """Tokens stored (O(1), unlike `stats`)."""
+        return self._t.tokens
+
     def trim(self) -> None:
         """Give back the room growth reserved (after a bulk load; later appends regrow it)."""
         self._t.trim()

@@ -43,7 +43,7 @@ def newest(tree: SuffixTree, sequences: int, tokens: int) -> SuffixTree:
     """A new tree (same depth, weights 1) holding `tree`'s newest sequences, at most `sequences`
     of them and `tokens` tokens in all (live ones as they are now). Live streams keep feeding
     and drafting from the old tree until they end; then it is freed."""
-    keep, left, n = [], tokens, tree.stats().sequences
+    keep, left, n = [], tokens, tree.sequences
     for i in range(n - 1, max(n - 1 - sequences, -1), -1):
         toks = tree.sequence(i)
         if len(toks) > left:
@@ -107,8 +107,8 @@ class GroupTrees:
     def bound_shared(self) -> None:
         """Keep the run-wide tree's memory bounded on long runs: past SHARED_MAX_TOKENS tokens or
         SHARED_MAX_SEQUENCES sequences it starts again from its newest (`newest`)."""
-        stats = self.shared.stats() if self.shared is not None else None
-        if stats is not None and (stats.tokens > SHARED_MAX_TOKENS or stats.sequences > SHARED_MAX_SEQUENCES):
+        shared = self.shared
+        if shared is not None and (shared.tokens > SHARED_MAX_TOKENS or shared.sequences > SHARED_MAX_SEQUENCES):
             # costs O(SHARED_KEEP) once per SHARED_MAX_TOKENS tokens (or sequences) generated
             self.shared = newest(self.shared, SHARED_MAX_SEQUENCES // 4, SHARED_KEEP)
 

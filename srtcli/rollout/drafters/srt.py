@@ -69,16 +69,16 @@ class SrtDrafter(Drafter):
         g = self.trees.group(seq.group)
         if not seq.runahead:  # the hit rate is over real groups only
             self.trees.count(g)
-        # the sequence keeps its group's tree: a run-ahead sequence may outlive the group
-        streams = self.trees.streams(g, seq.prompt_ids[-1])
-        for s in streams:  # the streams hold everything after the prompt, from the start on
+        # the sequence keeps its streams (and through them its trees: a run-ahead sequence may
+        # outlive its group); they hold everything after the prompt, from the start on
+        seq.drafter_state = self.trees.streams(g, seq.prompt_ids[-1])
+        for s in seq.drafter_state:
             s.extend(seq.output)
-        seq.drafter_state = (g.tree, streams)
 
     def propose(self, seq: Any, budget: int) -> Proposal:
         # the streams hold the sequence's tokens (anchor first): a step costs the same at token
         # 16,000 as at token 16
-        stream, best = best_draft(seq.drafter_state[1], budget, self.min_prob)
+        stream, best = best_draft(seq.drafter_state, budget, self.min_prob)
         if self.mode == "greedy":
             return Proposal(best.tokens)
         if self.mode == "tree":
@@ -103,7 +103,7 @@ class SrtDrafter(Drafter):
         return Proposal(toks, qs, dists) if toks else Proposal([])
 
     def extend(self, seq: Any, tokens: list[int]) -> None:
-        for s in seq.drafter_state[1]:
+        for s in seq.drafter_state:
             s.extend(tokens)
 
     def end(self, seq: Any) -> None:

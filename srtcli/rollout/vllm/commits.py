@@ -56,7 +56,7 @@ class LiveGroups:
         except Exception as e:  # noqa: BLE001 - logged: the cache must never stop vLLM
             log.error("srt: cannot load prompt %s from the cache %s: %s", uid, getattr(self.trees.store, "path", "?"), e)
             g = self.trees.groups[uid] = Group(SuffixTree(DEPTH), False)
-        if g.tree.stats().sequences >= GROUP_MAX_SEQUENCES:  # a server that sees one prompt very often
+        if g.tree.sequences >= GROUP_MAX_SEQUENCES:  # a server that sees one prompt very often
             # its live and waiting sequences keep the old group (and commit from it)
             g = self.trees.groups[uid] = Group(newest(g.tree, GROUP_KEEP, 1 << 62), g.hit, counted=g.counted)
         self.trees.count(g)

@@ -230,6 +230,5 @@ def test_srt_drafts_from_the_last_64_tokens_after_the_prompts_last_token():
         s.tokens += out
         d.extend(s, out)
         want_ctx = ([prompt[-1]] + out)[-DEPTH:]
-        tree = s.drafter_state[0]
-        want = context_draft(tree, d.trees.shared, want_ctx, 6, d.min_prob)
+        want = context_draft(d.trees.group("g").tree, d.trees.shared, want_ctx, 6, d.min_prob)
         assert d.propose(s, 6).tokens == want, out_len

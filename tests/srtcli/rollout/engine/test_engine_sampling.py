@@ -71,8 +71,7 @@ class SeedDrafter(SrtDrafter):
     """The naive rule: greedy most-frequent-child drafts, verified as if sampled from C."""
 
     def propose(self, seq, budget):
-        tree = seq.drafter_state[0]
-        d = tree.draft(([seq.prompt_ids[-1]] + seq.output)[-64:], budget=budget, min_prob=self.min_prob)
+        d = seq.drafter_state[0].draft(budget, self.min_prob)  # the prompt tree's, after the sequence
         return Proposal(d.tokens, list(d.probs), [{t: q} for t, q in zip(d.tokens, d.probs)])
 
 
