@@ -19,6 +19,8 @@ tokens per forward on the bundled workload, so it is the default.
 from __future__ import annotations
 
 import random
+from bisect import bisect
+from itertools import accumulate
 from typing import Any
 
 from cache_store.suffix_tree import Draft, SuffixStream
@@ -92,14 +94,16 @@ class SrtDrafter(Drafter):
         for i, par in enumerate(dt.parents):
             kids.setdefault(par, []).append(i)
         toks, qs, dists, node = [], [], [], -1
+        tokens, probs, rand = dt.tokens, dt.probs, self.rng.random
         while len(toks) < budget and node in kids:
             idx = kids[node]
-            total = sum(dt.probs[i] for i in idx)
-            dist = {dt.tokens[i]: dt.probs[i] / total for i in idx}
-            node = self.rng.choices(idx, weights=[dt.probs[i] for i in idx])[0]
-            toks.append(dt.tokens[node])
-            qs.append(dist[dt.tokens[node]])
-            dists.append(dist)
+            cum = list(accumulate(probs[i] for i in idx))
+            total = cum[-1]
+            # a child in proportion to its count: random.choices' own draw, without its overhead
+            node = idx[bisect(cum, rand() * total, 0, len(idx) - 1)]
+            toks.append(tokens[node])
+            qs.append(probs[node] / total)
+            dists.append({tokens[i]: probs[i] / total for i in idx})
         return Proposal(toks, qs, dists) if toks else Proposal([])
 
     def extend(self, seq: Any, tokens: list[int]) -> None:

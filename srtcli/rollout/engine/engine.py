@@ -129,10 +129,7 @@ class Engine:
         for bucket in (decode, prefill):
             if bucket:
                 done += self._run([rows[i] for i in bucket], [props[i] for i in bucket])
-        for seq, key in followers:
-            if self._follow(seq, key):
-                done.append(seq)
-        return done
+        return done + self._follow(followers)
 
     def _resume_waiting(self) -> list[Sequence]:
         """Rows whose tool output is ready take it and re-enter; those it ends are finished."""
@@ -176,16 +173,28 @@ class Engine:
         entry[1][:] = live
         return live[0]
 
-    def _follow(self, seq: Sequence, key: tuple) -> bool:
-        donor = self._donor(key)
-        if donor is None:  # the leader finished at once and gave its slot back: prefill later
-            return False
-        self.cache.copy_prefix(donor.slot, seq.slot, len(key))
-        p0 = self._prompts[key][0]
-        tok = int(sample(p0, self.gen))
-        lp = float(p0[tok].clamp_min(1e-38).log())
-        self._prompts[key][1].append(seq)
-        return self._apply(seq, 0, 0, [tok], [lp])
+    def _follow(self, followers: list[tuple[Sequence, tuple]]) -> list[Sequence]:
+        """Start this step's followers whose prompt is still in a live slot's cache (a leader that
+        finished at once gave its slot back: those prefill later); returns those that finished.
+        Their donors are found, and their prompt KV copied, before any of them starts, and
+        their first tokens are drawn in one batch."""
+        ready = [(seq, key, donor) for seq, key in followers if (donor := self._donor(key)) is not None]
+        if not ready:
+            return []
+        copies: dict[tuple[int, int], list[int]] = {}
+        for seq, key, donor in ready:
+            copies.setdefault((donor.slot, len(key)), []).append(seq.slot)
+        for (src, n), dst in copies.items():
+            self.cache.copy_prefix(src, dst, n)
+        p0 = torch.stack([self._prompts[key][0] for _, key, _ in ready])
+        toks = sample(p0, self.gen)
+        lps = p0.gather(1, toks[:, None]).clamp_min(1e-38).log().view(-1).tolist()
+        done = []
+        for (seq, key, _), tok, lp in zip(ready, toks.tolist(), lps):
+            self._prompts[key][1].append(seq)
+            if self._apply(seq, 0, 0, [tok], [lp]):
+                done.append(seq)
+        return done
 
     def _propose(self, seq: Sequence) -> Proposal:
         pending = len(seq.tokens) - seq.cache_len

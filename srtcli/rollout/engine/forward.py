@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from srtcli.rollout.engine.host_tensors import longs
 from srtcli.rollout.engine.sampling import SamplingParams, shape_probs
 from srtcli.rollout.engine.sequence import EngineStats
 from srtcli.rollout.engine.slot_cache import Layout, Packed, SlotKVCache, Windows, layout, packed_attention
@@ -71,25 +72,21 @@ class ForwardPass:
         arow = [s.slot for s in rows] if 2 * b >= nslots else list(range(b))
         na = nslots if 2 * b >= nslots else b
         lay = layout(lens, [s.cache_len for s in rows], arow, na)
-        mask = self._mask(lay.pos, lay.pad, lay.lcur)
+        mask = self._mask(lay.pos, lay.lcur)
         posids = lay.flat
         if trees:
             trees_rows = [(len(q.tokens) - q.cache_len, q.cache_len, pr.parents) for q, pr in zip(rows, props)]
             posids = mask_trees(trees_rows, lay, arow, mask)
-        slot_idx = torch.tensor([s.slot for s in rows], dtype=torch.long)
+        slot_idx = longs([s.slot for s in rows])
         read = torch.arange(nslots) if na == nslots else slot_idx
         self.cache.prepare(read.to(dev), slot_idx[lay.tok_row][None].to(dev), lay.flat[None].to(dev),
                            lay.lcur, na == nslots)
-        # the needed logits: each row's last len(draft) + 1 tokens, then padded to [b, keep]
-        ends = (lay.first + torch.tensor(lens)).tolist()
-        need = torch.tensor([e - d - 1 + k for e, d in zip(ends, dls) for k in range(d + 1)])
-        out_off = torch.tensor([0] + [d + 1 for d in dls[:-1]]).cumsum(0)
-        pick = out_off[:, None] + torch.minimum(torch.arange(keep)[None, :], torch.tensor(dls)[:, None])
-        ids = torch.tensor([[t for x in inputs for t in x]])
+        need, pick = kept_logits(lens, dls, keep)
+        ids = longs([t for x in inputs for t in x])[None]
         windows = Windows(lambda: packed_positions(lay, posids, arow, na))
         logits = self._model_forward(ids, posids[None], mask, need,
                                      Packed(lay.gather, lay.scatter, na, lay.q), rows, windows)[0]
-        return shape_probs(logits, self.params).index_select(0, pick.flatten().to(dev)).view(b, keep, -1)
+        return shape_probs(logits, self.params).index_select(0, pick.to(dev)).view(b, keep, -1)
 
     def _forward_padded(self, rows: list[Any], inputs: list[list[int]], dls: list[int]) -> torch.Tensor:
         """Rows left-padded to a common length, padding writes to the trash column: for
@@ -99,28 +96,28 @@ class ForwardPass:
         b, q, keep, dev = len(rows), max(lens), max(dls) + 1, self.device
         starts = [s.cache_len for s in rows]
         lcur = max(c + n for c, n in zip(starts, lens))
-        pos_t = torch.tensor([[0] * (q - n) + list(range(c, c + n)) for c, n in zip(starts, lens)])
-        pad = torch.tensor([q - n for n in lens])
-        mask = self._mask(pos_t, pad, lcur)
+        pos, widx, ids = [], [], []
+        for c, n, x in zip(starts, lens, inputs):
+            pos += [0] * (q - n) + list(range(c, c + n))
+            widx += [self.max_len] * (q - n) + list(range(c, c + n))  # padding writes to the trash column
+            ids += [0] * (q - n) + x
+        pos_t, widx, ids_t = (longs(v).view(b, q) for v in (pos, widx, ids))
+        mask = self._mask(pos_t, lcur)
         slots = [s.slot for s in rows]
-        slot_idx = torch.tensor(slots, dtype=torch.long)
-        ids_t = torch.tensor([[0] * (q - n) + x for n, x in zip(lens, inputs)])
-        widx = torch.where(torch.arange(q)[None, :] >= pad[:, None], pos_t, self.max_len)
+        slot_idx = longs(slots)
         self.cache.prepare(slot_idx.to(dev), slot_idx[:, None].expand(b, q).to(dev), widx.to(dev), lcur,
                            slots == list(range(self.slots)))
         windows = Windows(lambda: (pos_t, torch.arange(lcur).expand(b, lcur)))
         out = self._model_forward(ids_t, pos_t, mask, keep, None, rows, windows)
         # row r's needed logits are the last len(draft_r) + 1 of the kept ones
-        idx = ((keep - 1 - torch.tensor(dls))[:, None] + torch.arange(keep)[None, :]).clamp(max=keep - 1).to(dev)
+        idx = longs([min(keep - 1 - d + k, keep - 1) for d in dls for k in range(keep)]).view(b, keep).to(dev)
         return shape_probs(out.gather(1, idx[..., None].expand(-1, -1, out.shape[-1])), self.params)
 
-    def _mask(self, pos: torch.Tensor, pad: torch.Tensor, lcur: int) -> torch.Tensor:
-        """Additive [b, 1, q, lcur] mask: a query sees its own row's positions up to its own;
-        a padding query sees column 0 only (its output is discarded)."""
-        keys = torch.arange(lcur)
-        vis = self._visible(pos, keys)
-        real_q = torch.arange(pos.shape[1])[None, :] >= pad[:, None]
-        vis = torch.where(real_q[..., None], vis, keys[None, None, :] == 0)
+    def _mask(self, pos: torch.Tensor, lcur: int) -> torch.Tensor:
+        """Additive [b, 1, q, lcur] mask: a query sees its own row's positions up to its own. A
+        padding query sits at position 0 in both layouts, so it sees column 0 only (its output
+        is discarded)."""
+        vis = self._visible(pos, torch.arange(lcur))
         mask = torch.zeros((pos.shape[0], 1, pos.shape[1], lcur), dtype=self.dtype)
         return mask.masked_fill_(~vis[:, None], torch.finfo(self.dtype).min)
 
@@ -173,3 +170,15 @@ def packed_positions(lay: Layout, posids: torch.Tensor, arow: list[int], na: int
     kpos = torch.arange(lay.lcur).repeat(na, 1)
     kpos[torch.tensor(arow)[lay.tok_row], lay.flat] = posids
     return qpos.view(na, lay.q), kpos
+
+
+def kept_logits(lens: list[int], dls: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which logits a packed forward keeps, and their layout: `need` holds the packed indices of
+    each row's last len(draft) + 1 tokens (rows in order); `pick[r * keep + k]` is the kept
+    logit of row r's p_k (its last one again past its draft)."""
+    need, pick, t, o = [], [], 0, 0
+    for n, d in zip(lens, dls):
+        need += range(t + n - d - 1, t + n)
+        pick += [o + min(k, d) for k in range(keep)]
+        t, o = t + n, o + d + 1
+    return longs(need), longs(pick)

@@ -45,6 +45,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache
 
 from attention.hf import explicit_attention
+from srtcli.rollout.engine.host_tensors import longs
 
 
 @dataclass
@@ -173,18 +174,20 @@ class SlotKVCache(Cache):
         return kb[:, :, : self._lcur].index_select(0, self._rows), vb[:, :, : self._lcur].index_select(0, self._rows)
 
     @torch.inference_mode()
-    def copy_prefix(self, src: int, dst: int, n: int) -> None:
-        """Give slot `dst` the keys/values of slot `src`'s first n positions (a shared prompt)."""
+    def copy_prefix(self, src: int, dst: list[int], n: int) -> None:
+        """Give the slots `dst` the keys/values of slot `src`'s first n positions (a shared
+        prompt): one copy per buffer, whatever the number of slots."""
         for layer in self.k:
-            self.k[layer][dst, :, :n] = self.k[layer][src, :, :n]
-            self.v[layer][dst, :, :n] = self.v[layer][src, :, :n]
+            rows = longs(dst).to(self.k[layer].device)
+            self.k[layer][rows, :, :n] = self.k[layer][src, :, :n]
+            self.v[layer][rows, :, :n] = self.v[layer][src, :, :n]
 
     @torch.inference_mode()
     def move(self, slots: list[int], src: list[int], dst: list[int]) -> None:
         """Copy the keys/values at (slots[i], src[i]) to (slots[i], dst[i]) in every layer
         (accepted tree nodes to the columns a chain of them would have)."""
         dev = next(iter(self.k.values())).device
-        sl, s, d = (torch.tensor(x, device=dev) for x in (slots, src, dst))
+        sl, s, d = (longs(x).to(dev) for x in (slots, src, dst))
         for layer in self.k:
             for buf in (self.k[layer], self.v[layer]):
                 buf[sl, :, d] = buf[sl, :, s]  # the gather copies before the write
@@ -228,6 +231,5 @@ def layout(lens: list[int], starts: list[int], arow: list[int], na: int) -> Layo
         pos[base: base + n] = range(c, c + n)
         t += n
     lcur = max(c + n for c, n in zip(starts, lens))
-    return Layout(torch.tensor(tok_row), torch.tensor(flat), torch.tensor(first),
-                   torch.tensor(pos).view(na, q), torch.tensor(pad), torch.tensor(gather),
-                   torch.tensor(scatter), q, lcur)
+    return Layout(longs(tok_row), longs(flat), longs(first), longs(pos).view(na, q), longs(pad),
+                  longs(gather), longs(scatter), q, lcur)

@@ -5,32 +5,36 @@ distributions p_0..p_d from ONE forward (p_k is the next-token distribution afte
 plus x_1..x_k). Verification walks the chain and emits the accepted drafts plus exactly one more
 token, so every emitted token is distributed exactly as plain sampling from p would give it.
 
-Two exact schemes, chosen per row by how the draft was made:
+One rule, the ratio rule against the distribution q the draft was drawn from: accept x with
+probability min(1, p(x)/q(x)); on rejection sample from the residual (p - q)+, renormalised.
+How the draft was made decides q:
 
-- point mass (`sampled[r]` False): the drafter picked x deterministically (the most frequent
-  child, a prompt-lookup match). Then the proposal is a point mass on x: accept with
-  probability p(x); on rejection sample from p with x removed, renormalised.
-- ratio (`sampled[r]` True): the drafter *sampled* x from a distribution q (the tree's child
-  frequencies). Accept with min(1, p(x)/q(x)); on rejection sample from (p - q)+.
+- sampled (`Proposal.q` set): the drafter drew x from q (the tree's child frequencies); q(x) and
+  the distribution at each position come with the draft. This accepts with probability
+  sum_x min(p, q) per position.
+- deterministic (the most frequent child, a prompt-lookup match): q is a point mass on x, so the
+  rule accepts with probability p(x) and the residual is p with x removed. This is exact for
+  any draft fixed before verification, however it was chosen.
 
-The point-mass rule is exact for any draft fixed before verification (however it was chosen);
-the ratio rule is exact only when x really was sampled from q: mixing them, the ratio rule with
-a deterministic most-frequent-child draft and q = the child frequencies C, is biased (a
-chi-square test catches it). When x ~ q the ratio rule accepts with probability
-sum_x min(p, q) per position, the point mass only p(x).
+Mixing them is biased: a deterministic most-frequent-child draft verified as if drawn from its
+child frequencies C (q = C) fails a chi-square test, which the tests show.
 
 Greedy decoding needs no special case: p is a point mass on the argmax, so a draft is accepted
 iff it equals the argmax and the emitted token is always the argmax.
+
+`verify_chains` is the engine's entry (proposals as Python lists: one host sync, and the
+residual built only for the rows that rejected); `verify_drafts` is the same rule on tensors.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from srtcli.rollout.engine.host_tensors import floats, longs
 from srtcli.rollout.engine.sampling import sample
 
 
@@ -42,112 +46,97 @@ class Verdict:
     final: torch.Tensor  # [b] long
 
 
-def verify_drafts(
-    p: torch.Tensor,
-    draft: torch.Tensor,
-    draft_len: torch.Tensor,
-    generator: torch.Generator | None = None,
-    sampled: torch.Tensor | None = None,
-    q_token: torch.Tensor | None = None,
-    q_dist: "torch.Tensor | Callable[[list[int]], torch.Tensor] | None" = None,
-) -> Verdict:
+def verify_drafts(p: torch.Tensor, draft: torch.Tensor, draft_len: torch.Tensor,
+                  generator: torch.Generator | None = None, q_tok: torch.Tensor | None = None,
+                  q_dist: torch.Tensor | None = None) -> Verdict:
     """Verify drafts. p: [b, K, V] shaped target probs (row r uses positions 0..d_r);
-    draft: [b, K-1] token ids (padding ignored); draft_len: [b]; sampled: [b] bool, rows
-    whose drafts were sampled from q; q_token: [b, K-1] q(x_k) for those rows;
-    q_dist: [b, K-1, V] their full proposal distributions (for the residual), or a function
-    that, given each row's rejection position, returns just those rows [b, V] (the engine
-    builds only what a rejection needs)."""
-    accepted = _accepted(p, draft, draft_len, generator, sampled, q_token)
-    dist = _final_distribution(p, draft, draft_len, accepted, sampled, q_dist)
-    return Verdict(accepted=accepted, final=sample(dist, generator))
-
-
-def _accepted(p: torch.Tensor, draft: torch.Tensor, draft_len: torch.Tensor, generator: torch.Generator | None,
-              sampled: torch.Tensor | None, q_token: torch.Tensor | None) -> torch.Tensor:
-    """[b] how many leading draft tokens each row accepts (one uniform draw per position)."""
-    b, k_max, _ = p.shape
-    n = k_max - 1
-    if n <= 0:
-        return torch.zeros(b, dtype=torch.long, device=p.device)
-    px = p[:, :n].gather(-1, draft[:, :n, None]).squeeze(-1)
-    accept_p = px
-    if sampled is not None and bool(sampled.any()):
-        ratio = torch.clamp(px / q_token.clamp_min(1e-30), max=1.0)
-        accept_p = torch.where(sampled[:, None], ratio, px)
-    u = torch.rand((b, n), generator=generator, device=p.device)
-    in_draft = torch.arange(n, device=p.device)[None, :] < draft_len[:, None]
-    ok = (u < accept_p) & in_draft
-    return ok.long().cumprod(-1).sum(-1)
-
-
-def _final_distribution(p: torch.Tensor, draft: torch.Tensor, draft_len: torch.Tensor, accepted: torch.Tensor,
-                        sampled: torch.Tensor | None, q_dist: Any) -> torch.Tensor:
-    """[b, V] what the one token after the accepted drafts is drawn from: p there, or after a
-    rejection the scheme's residual (p without x, or (p - q)+)."""
-    b, k_max, _ = p.shape
+    draft: [b, K-1] token ids (padding ignored); draft_len: [b]; q_tok: [b, K-1] q(x_k) of
+    sampled drafts and q_dist: [b, K-1, V] their proposal distributions (None: every draft is
+    a point mass)."""
+    b, kk, vocab = p.shape
+    n = kk - 1
+    if q_tok is None:
+        q_tok = torch.ones(draft.shape, device=p.device)
+    beyond = torch.arange(n, device=p.device)[None, :] >= draft_len[:, None]
+    accepted, _ = _accepted(p, draft, q_tok.masked_fill(beyond, math.inf), generator)
     rows = torch.arange(b, device=p.device)
-    n = k_max - 1
-    dist = p[rows, accepted].clone()
-    rejected = accepted < draft_len
-    if not bool(rejected.any()):
-        return dist
-    at = accepted.clamp(max=max(n - 1, 0))
-    x = draft[rows, at] if n > 0 else torch.zeros_like(accepted)
-    point = dist.clone()
-    point[rows, x] = 0.0
-    residual = point
-    if sampled is not None and bool(sampled.any()):
-        q_at = q_dist(at.tolist()) if callable(q_dist) else q_dist[rows, at]
-        ratio_res = (dist - q_at).clamp_min(0.0)
-        residual = torch.where(sampled[:, None], ratio_res, point)
-    # A residual of (numerically) zero mass only happens when p(x) was ~1 and the
-    # uniform draw still fell above it; p itself is then the right fallback.
-    good = residual.sum(-1) > 1e-12
-    use_res = rejected & good
-    return torch.where(use_res[:, None], residual, dist)
+    dist = p[rows, accepted]
+    rejected = (accepted < draft_len).nonzero().squeeze(-1)
+    if len(rejected):
+        at = accepted[rejected]
+        if q_dist is None:
+            q_at = torch.zeros((len(rejected), vocab), device=p.device)
+            q_at[torch.arange(len(rejected)), draft[rejected, at]] = 1.0
+        else:
+            q_at = q_dist[rejected, at]
+        dist[rejected] = _residual(dist[rejected], q_at)
+    return Verdict(accepted=accepted, final=sample(dist, generator))
 
 
 def verify_chains(p: torch.Tensor, props: list[Any], generator: torch.Generator,
                   device: torch.device) -> tuple[list[int], list[list[int]], list[list[float]]]:
     """Verify every row's chain proposal (`Proposal`) against p [b, K, V] from one forward.
-    Per row: the accepted draft count a, the emitted tokens (the first a + 1 are the accepted
-    drafts, then the final token) and their log-probs under p."""
-    b, kk, _ = p.shape
+    Per row: the accepted draft count a, the emitted tokens (the first a accepted drafts, then
+    the final token) and their log-probs under p."""
+    b, kk, vocab = p.shape
     n = kk - 1
-    draft, dlen, sampled, q_tok, q_dist = _chain_inputs(props, n, p.shape[-1], device)
-    v = verify_drafts(p, draft[:, :n], dlen, generator, sampled, q_tok, q_dist)
-    ar = torch.arange(kk, device=device)[None, :]
-    padded = torch.cat([draft[:, :n], torch.zeros((b, 1), dtype=torch.long, device=device)], 1)
-    emitted = torch.where(ar < v.accepted[:, None], padded, v.final[:, None])
-    lps = p.gather(-1, emitted[..., None]).squeeze(-1).clamp_min(1e-38).log()
-    return v.accepted.tolist(), emitted.tolist(), lps.tolist()
+    drafts = [pr.tokens + [0] * (n - len(pr.tokens)) for pr in props]
+    # q(x) pads with inf past a draft, so no padded position is ever accepted
+    q = [x for pr in props for x in (pr.q or [1.0] * len(pr.tokens)) + [math.inf] * (n - len(pr.tokens))]
+    acc_t, px = _accepted(p, longs([t for d in drafts for t in d]).view(b, n).to(device),
+                          floats(q).view(b, n).to(device), generator)
+    accepted = acc_t.tolist()
+    dist = p.reshape(b * kk, vocab).index_select(0, longs([r * kk + a for r, a in enumerate(accepted)]).to(device))
+    kept = dist
+    rejected = [r for r, (a, pr) in enumerate(zip(accepted, props)) if a < len(pr.tokens)]
+    if rejected:
+        kept, at = dist.clone(), longs(rejected).to(device)
+        q_at = _proposal_at(props, drafts, accepted, rejected, vocab, device)
+        dist.index_copy_(0, at, _residual(dist.index_select(0, at), q_at))
+    final = sample(dist, generator)
+    lp_final = kept.gather(1, final[:, None])
+    lps = torch.cat([px, lp_final], 1).clamp_min(1e-38).log().tolist()
+    fin = final.tolist()
+    emitted = [drafts[r][:a] + [fin[r]] for r, a in enumerate(accepted)]
+    return accepted, emitted, [lp[:a] + [lp[-1]] for lp, a in zip(lps, accepted)]
 
 
-def _chain_inputs(props: list[Any], n: int, vocab: int, device: torch.device) -> tuple:
-    """`verify_drafts`' inputs for the proposals: drafts padded to n, their lengths, which
-    were sampled, q of each sampled token, and the proposal distribution at a rejection."""
-    draft = torch.zeros((len(props), max(n, 1)), dtype=torch.long)
-    dlen = torch.tensor([len(pr.tokens) for pr in props], dtype=torch.long)
-    sampled = torch.tensor([pr.q is not None and len(pr.tokens) > 0 for pr in props])
-    q_tok = q_dist = None
-    if n > 0:
-        draft = torch.tensor([pr.tokens + [0] * (n - len(pr.tokens)) for pr in props], dtype=torch.long)
-    if bool(sampled.any()):
-        q_tok = torch.tensor([(pr.q or []) + [1.0] * (max(n, 1) - len(pr.q or [])) for pr in props])
-        q_tok = q_tok.to(device)
-        q_dist = partial(_proposal_at, props, vocab, device)
-    return draft.to(device), dlen.to(device), sampled.to(device), q_tok, q_dist
+def _accepted(p: torch.Tensor, draft: torch.Tensor, q_tok: torch.Tensor,
+              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([b] how many leading draft tokens each row accepts, [b, n] p(x)): one uniform draw per
+    position, kept while u < p(x)/q(x) (q = inf past a draft, so never there)."""
+    b, n = draft.shape
+    if n == 0:
+        return torch.zeros(b, dtype=torch.long, device=p.device), p.new_zeros((b, 0))
+    px = p[:, :n].gather(-1, draft[..., None]).squeeze(-1)
+    u = torch.rand((b, n), generator=generator, device=p.device)
+    return (u < px / q_tok).cumprod(-1).sum(-1), px
 
 
-def _proposal_at(props: list[Any], vocab: int, device: torch.device, at: list[int]) -> torch.Tensor:
-    """[b, V] each sampled row's proposal distribution at its rejection position `at[r]`."""
+def _residual(dist: torch.Tensor, q_at: torch.Tensor) -> torch.Tensor:
+    """(p - q)+ for rows that rejected (unnormalised; `sample` normalises). A residual of
+    (numerically) zero mass only happens when p(x) was ~1 and the uniform draw still fell
+    above it; p itself is then the right fallback."""
+    res = (dist - q_at).clamp_min_(0.0)
+    return torch.where(res.sum(-1, keepdim=True) > 1e-12, res, dist)
+
+
+def _proposal_at(props: list[Any], drafts: list[list[int]], accepted: list[int], rejected: list[int],
+                 vocab: int, device: torch.device) -> torch.Tensor:
+    """[len(rejected), V] the proposal distribution q at each rejected row's rejection position:
+    the sampled draft's distribution there, or a point mass on the rejected token."""
     ri, ti, vals = [], [], []
-    for r, (pr, k) in enumerate(zip(props, at)):
-        if pr.q is not None and k < len(pr.tokens):
+    for i, r in enumerate(rejected):
+        pr, k = props[r], accepted[r]
+        if pr.q is not None:
             dist = pr.dists[k]
-            ri += [r] * len(dist)
+            ri += [i] * len(dist)
             ti += dist.keys()
             vals += dist.values()
-    q = torch.zeros((len(props), vocab))
-    q[ri, ti] = torch.tensor(vals)
+        else:
+            ri.append(i)
+            ti.append(drafts[r][k])
+            vals.append(1.0)
+    q = torch.zeros((len(rejected), vocab))
+    q.view(-1)[longs([i * vocab + t for i, t in zip(ri, ti)])] = floats(vals)
     return q.to(device)

@@ -106,11 +106,11 @@ def test_tool_turns_inject_untrained_tokens_and_continue_exactly():
 class ShortCopy(Engine):
     """Deliberately wrong prefix sharing: copies only the first half of the prompt's KV."""
 
-    def _follow(self, seq, key):
+    def _follow(self, followers):
         copy = self.cache.copy_prefix
         self.cache.copy_prefix = lambda src, dst, n: copy(src, dst, n // 2)
         try:
-            return super()._follow(seq, key)
+            return super()._follow(followers)
         finally:
             self.cache.copy_prefix = copy
 

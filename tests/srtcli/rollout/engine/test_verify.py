@@ -37,16 +37,14 @@ def p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(torch.special.gammaincc(torch.tensor(df / 2.0), stat.double() / 2.0))
 
 
-def run_chain(draft_tok: torch.Tensor, sampled: bool, q_tok=None, q_dist=None, seed: int = 0):
-    """Verify a 1-token draft per row against p = (P0, P1); returns emitted first tokens,
-    and the second emitted token of the rows whose first draft was accepted."""
+def run_chain(draft_tok: torch.Tensor, q_tok=None, q_dist=None, seed: int = 0):
+    """Verify a 1-token draft per row against p = (P0, P1), as a point mass unless q is given;
+    returns emitted first tokens, and the second emitted token of the rows whose first draft
+    was accepted."""
     g = torch.Generator().manual_seed(seed)
     p = torch.stack([P0, P1])[None].expand(N, 2, 5).contiguous()
     draft = draft_tok[:, None]
-    v = verify_drafts(
-        p, draft, torch.ones(N, dtype=torch.long), g,
-        torch.full((N,), sampled), q_tok, q_dist,
-    )
+    v = verify_drafts(p, draft, torch.ones(N, dtype=torch.long), g, q_tok, q_dist)
     first = torch.where(v.accepted == 1, draft_tok, v.final)
     return first, v.final[v.accepted == 1]
 
@@ -57,7 +55,7 @@ def counts(tokens: torch.Tensor) -> torch.Tensor:
 
 def test_point_mass_with_a_deterministic_draft_is_exact():
     draft = torch.full((N,), 3)  # the most frequent child of C0, always
-    first, second = run_chain(draft, sampled=False)
+    first, second = run_chain(draft)
     assert p_value(counts(first), P0) > 1e-3
     assert p_value(counts(second), P1) > 1e-3
     assert 0.28 < (first == 3).double().mean() < 0.32
@@ -68,7 +66,7 @@ def test_ratio_rule_with_a_draft_sampled_from_q_is_exact():
     draft = torch.multinomial(C0, N, replacement=True, generator=g)
     q_tok = C0[draft][:, None]
     q_dist = C0.expand(N, 1, 5).contiguous()
-    first, second = run_chain(draft, sampled=True, q_tok=q_tok, q_dist=q_dist)
+    first, second = run_chain(draft, q_tok=q_tok, q_dist=q_dist)
     assert p_value(counts(first), P0) > 1e-3
     assert p_value(counts(second), P1) > 1e-3
 
@@ -77,7 +75,7 @@ def test_the_seeds_mix_c_as_q_with_greedy_drafts_is_caught():
     draft = torch.full((N,), 3)
     q_tok = C0[draft][:, None]
     q_dist = C0.expand(N, 1, 5).contiguous()
-    first, _ = run_chain(draft, sampled=True, q_tok=q_tok, q_dist=q_dist)
+    first, _ = run_chain(draft, q_tok=q_tok, q_dist=q_dist)
     assert p_value(counts(first), P0) < 1e-6
 
 
@@ -86,7 +84,7 @@ def test_point_mass_rule_is_exact_whatever_chose_the_draft():
     # including a sampled one (it then just accepts less than the ratio rule would)
     g = torch.Generator().manual_seed(1)
     draft = torch.multinomial(C0, N, replacement=True, generator=g)
-    first, second = run_chain(draft, sampled=False)
+    first, second = run_chain(draft)
     assert p_value(counts(first), P0) > 1e-3
     assert p_value(counts(second), P1) > 1e-3
 
