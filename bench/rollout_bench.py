@@ -13,6 +13,11 @@ same epoch. Targets: epoch 1 srt costs <= 5% over none; at epoch 3 srt >= 2.5x n
 and >= 1.3x suffix; at epoch 3 srt >= 1.3x arctic in speed and >= 1.5x in forwards; `none` at
 least as fast as HF generate. Not a test; timings are noisy on a shared machine.
 
+`srt-tree`, `srt-tree-wide` and `srt-tree-48` verify a draft tree of 16, 32 and 48 nodes; the
+last is only run when named in `--configs` (it costs the most compute per forward). The summary
+prints each srt config's forwards against `arctic`, and host time (wall minus model time) per
+forward and per generated token, srt against `none`.
+
 At the end it measures the compute-bound ceiling (bench/oracle_drafter.py): greedy decoding of
 the same prompts, plain and then replayed by a drafter whose every draft is accepted; its
 model-time ratio is the most any drafter could gain with these draft lengths on this device.
@@ -61,12 +66,14 @@ CONFIGS = {
     "srt-prompt-only": dict(draft="srt", run_ahead=False, shared_tree=False),
     "srt-tree": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=2),
     "srt-tree-wide": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=4),
+    "srt-tree-48": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=6),  # not in the defaults
     "srt-adaptive": dict(draft="srt", run_ahead=False, adaptive=True),
     "arctic": dict(draft="arctic", run_ahead=False),  # bench/arctic_drafter.py, not an srt --draft
 }
 # `srt` takes the device's default draft length (adaptive on CPU, fixed on CUDA): the default
 # list adds the other policy beside it
-DEFAULT_CONFIGS = {"cpu": [n for n in CONFIGS if n != "srt-adaptive"], "cuda": [n for n in CONFIGS if n != "srt-fixed"]}
+DEFAULT_CONFIGS = {dev: [n for n in CONFIGS if n not in (other, "srt-tree-48")]
+                   for dev, other in (("cpu", "srt-adaptive"), ("cuda", "srt-fixed"))}
 
 
 def model_dir(arg: str | None, work: Path) -> Path:
@@ -257,7 +264,7 @@ def main() -> None:
             else:
                 s = embedded_rollout(**o)
             results[name].append(s)
-            host = 1000 * (s["wall_s"] - s["model_s"]) / max(s["target_forwards"], 1)
+            host = host_cost(s)[0]
             print(f"epoch {epoch} {name:14s} wall {s['wall_s']:7.2f}s  cpu {s['cpu_s']:7.2f}s  "
                   f"{s['tokens_per_s']:7.1f} tok/s  model {s['model_s']:6.2f}s  host/forward {host:5.2f} ms  "
                   f"accepted/forward {s['accepted_per_forward']:.3f}  acceptance {s['draft_acceptance_rate']:.3f}  "
@@ -338,6 +345,12 @@ def speed(s: dict, by: str) -> float:
     return s["generated_tokens"] / s["wall_s" if by == "wall" else "cpu_s"]
 
 
+def host_cost(s: dict) -> tuple[float, float]:
+    """A run's host time (wall minus model time): ms per target forward, us per generated token."""
+    host = s["wall_s"] - s["model_s"]
+    return 1e3 * host / max(s["target_forwards"], 1), 1e6 * host / max(s["generated_tokens"], 1)
+
+
 def report(results: dict, ref: dict, names: list[str], epochs: int) -> None:
     # device-independent: how many model forwards each config took (on a memory-bound device,
     # where a verify forward costs about a decode forward, speed follows this ratio)
@@ -349,9 +362,14 @@ def report(results: dict, ref: dict, names: list[str], epochs: int) -> None:
             base = results["none"][e]["target_forwards"] if "none" in results else float("nan")
             row += f"  {f:6d} ({base / f:4.2f}x)"
         print(row)
-    if "srt" in results and "arctic" in results:
-        fwd = results["arctic"][-1]["target_forwards"] / results["srt"][-1]["target_forwards"]
-        print(f"epoch {epochs} srt vs arctic (forwards): {fwd:.2f}x fewer (target >= 1.5x)")
+    for name in (n for n in names if n.startswith("srt") and "arctic" in results):
+        fwd = results["arctic"][-1]["target_forwards"] / results[name][-1]["target_forwards"]
+        print(f"epoch {epochs} {name} vs arctic (forwards): {fwd:.2f}x fewer" + (" (target >= 1.5x)" if name == "srt" else ""))
+    if "srt" in results and "none" in results:
+        h = {n: host_cost(results[n][-1]) for n in ("none", "srt")}
+        print(f"epoch {epochs} host time (wall minus model) srt vs none: per forward {h['srt'][0]:.2f} vs "
+              f"{h['none'][0]:.2f} ms ({h['srt'][0] / h['none'][0]:.2f}x, target <= 1.3x); per generated token "
+              f"{h['srt'][1]:.1f} vs {h['none'][1]:.1f} us ({h['srt'][1] / h['none'][1]:.2f}x)")
     for by in ("wall", "cpu"):
         print(f"\nspeed (tokens per {by} second) as a ratio to `none` in the same epoch; accepted tokens per forward")
         print(f"{'config':16s}" + "".join(f"  epoch {e}: x none | acc/fwd" for e in range(1, epochs + 1)))
