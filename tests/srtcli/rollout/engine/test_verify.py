@@ -130,3 +130,39 @@ def test_shaping_matches_transformers_processors():
         torch.testing.assert_close(ours, hf_shape(logits, t, k, p), atol=1e-6, rtol=1e-5)
     wrong = shape_probs(logits, SamplingParams(temperature=1.0, top_p=0.8))  # order matters
     assert not torch.allclose(wrong, hf_shape(logits, 0.5, 20, 0.9))
+
+
+def test_the_engines_list_form_gives_the_tensor_forms_verdicts():
+    # verify_chains (proposals as lists, the residual built only for rejecting rows) must draw
+    # exactly what verify_drafts draws for the same batch: point-mass rows there are q(x) = 1
+    # with a one-hot proposal distribution
+    from srtcli.rollout.drafters.base import Proposal
+    from srtcli.rollout.engine.verify import verify_chains
+
+    gen = torch.Generator().manual_seed(5)
+    b, n, vocab = 64, 3, 5
+    p = torch.softmax(torch.randn(b, n + 1, vocab, generator=gen) * 2, -1)
+    props, q_tok, q_dist = [], torch.ones(b, n), torch.zeros(b, n, vocab)
+    for r in range(b):
+        d = r % (n + 1)
+        toks = torch.randint(0, vocab, (d,), generator=gen).tolist()
+        if r % 2:  # sampled from a known q
+            dists = [dict(enumerate(torch.softmax(torch.randn(vocab, generator=gen), -1).tolist())) for _ in toks]
+            props.append(Proposal(toks, [dist[t] for dist, t in zip(dists, toks)], dists))
+            for k, (t, dist) in enumerate(zip(toks, dists)):
+                q_tok[r, k] = dist[t]
+                q_dist[r, k] = torch.tensor([dist[v] for v in range(vocab)])
+        else:
+            props.append(Proposal(toks))
+            for k, t in enumerate(toks):
+                q_dist[r, k, t] = 1.0
+    draft = torch.tensor([pr.tokens + [0] * (n - len(pr.tokens)) for pr in props])
+    dlen = torch.tensor([len(pr.tokens) for pr in props])
+    for seed in range(20):
+        v = verify_drafts(p, draft, dlen, torch.Generator().manual_seed(seed), q_tok, q_dist)
+        acc, emitted, lps = verify_chains(p, props, torch.Generator().manual_seed(seed), torch.device("cpu"))
+        assert acc == v.accepted.tolist()
+        assert [e[-1] for e in emitted] == v.final.tolist()
+        assert [e[:a] for e, a in zip(emitted, acc)] == [pr.tokens[:a] for pr, a in zip(props, acc)]
+        want = [[float(p[r, k, t].log()) for k, t in enumerate(e)] for r, e in enumerate(emitted)]
+        assert all(torch.allclose(torch.tensor(x), torch.tensor(y)) for x, y in zip(lps, want))
