@@ -14,7 +14,8 @@ instead of a multiplication of every node, so persistence can store the sequence
 (cache_store.seqstore) and rebuild the tree when loading.
 
 For an engine step over many rows there are two batched calls, `feed_many` and `draft_many`:
-one C call for all rows instead of a Python loop over them.
+one C call for all rows instead of a Python loop over them. `sample_draft` samples one row's
+draft from its tree in one call (the embedded engine's default drafts).
 
 Sequences come in two kinds: finished ones (`add(tokens, weight)`, e.g. loaded from a store,
 weight = their decay) and live ones (`stream()`, weight 1, extended token by token or in
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from cache_store.trie import Draft, DraftTree
 
@@ -198,3 +199,14 @@ def draft_many(streams: list[tuple], rooms: Any, min_prob: float) -> list[list[i
     sequence, the one with the largest expected accepted length (the first on ties); [] where
     the room is <= 0."""
     return _stree.draft_many(streams, rooms, min_prob)
+
+
+def sample_draft(streams: tuple, budget: int, min_prob: float,
+                 random: Callable[[], float]) -> tuple[list[int], list[float], list[dict[int, float]]]:
+    """A draft sampled from a sequence's streams (a tuple of `SuffixStream`, its prompt tree's
+    first): the stream `draft_many` would draft from walks its draft tree of 4 x `budget`
+    nodes (`SuffixStream.draft_tree`) from the root, drawing each child in proportion to its
+    frequency among the children the tree lists, for at most `budget` tokens. Each draw is
+    `random.choices`' own rule over `random()`. Returns the tokens, the probability q each was
+    drawn with, and the distribution each was drawn from ({token: q})."""
+    return _stree.sample_draft(tuple(s.core for s in streams), budget, min_prob, random)

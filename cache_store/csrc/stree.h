@@ -160,5 +160,9 @@ Py_ssize_t st_stream_locus(const Stream *s, Py_ssize_t budget, int32_t *node);
 /* stree_batch.c: many streams in one call */
 PyObject *st_feed_many(PyObject *self, PyObject *args);
 PyObject *st_draft_many(PyObject *self, PyObject *args);
+int st_is_streams(PyObject *o);
+Py_ssize_t st_best_stream(PyObject *streams, Py_ssize_t room, double min_prob, int32_t *toks, double *probs,
+                          Py_ssize_t *n);
+PyObject *st_sample_draft(PyObject *self, PyObject *args);
 
 #endif

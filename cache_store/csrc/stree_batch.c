@@ -30,7 +30,7 @@ static inline int64_t int_at(const Py_buffer *b, Py_ssize_t i) {
 
 static inline Py_ssize_t items(const Py_buffer *b) { return b->len / b->itemsize; }
 
-static int is_streams(PyObject *o) {
+int st_is_streams(PyObject *o) {
     if (!PyTuple_Check(o)) return 0;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(o); j++)
         if (!PyObject_TypeCheck(PyTuple_GET_ITEM(o, j), &StreamType)) return 0;
@@ -43,7 +43,7 @@ static int is_streams(PyObject *o) {
 static int check_row(Py_ssize_t i, PyObject *streams, PyObject *draft, const Py_buffer *ids, int64_t slot,
                      int64_t a, int64_t e) {
     Py_ssize_t width = ids->shape[1];
-    if (!is_streams(streams) || !PyList_Check(draft) || slot < 0 || slot >= ids->shape[0] || a < 0 || e < a ||
+    if (!st_is_streams(streams) || !PyList_Check(draft) || slot < 0 || slot >= ids->shape[0] || a < 0 || e < a ||
         e > width) {
         PyErr_Format(PyExc_ValueError, "row %zd: needs a tuple of streams, a draft list and 0 <= start <= end "
                      "<= the width of ids, in a row of ids", i);
@@ -144,26 +144,41 @@ static double expected_length(const double *probs, Py_ssize_t n) {
     return total;
 }
 
-/* The winning draft of one row, as a list; toks/probs have room for two drafts of `room`. */
-static PyObject *draft_row(PyObject *streams, Py_ssize_t room, double min_prob, int32_t *toks, double *probs) {
+/* Which of a row's streams drafts (its index): each stream's greedy draft of at most `room`
+ * tokens, the largest expected accepted length winning, the first on ties. `toks`/`probs` have
+ * room for two drafts of `room`; the winner's `*n` tokens are left at their start. */
+Py_ssize_t st_best_stream(PyObject *streams, Py_ssize_t room, double min_prob, int32_t *toks, double *probs,
+                          Py_ssize_t *n) {
     int32_t *win_t = toks, *cur_t = toks + room;
     double *win_p = probs, *cur_p = probs + room, best_len = 0.0;
-    Py_ssize_t best_n = -1;
+    Py_ssize_t best_n = -1, best = 0;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(streams); j++) {
         const Stream *s = (const Stream *)PyTuple_GET_ITEM(streams, j);
         int32_t v = 0;
         Py_ssize_t m = st_stream_locus(s, room, &v);
-        Py_ssize_t n = st_draft_path(s->tree, v, m, room, min_prob, cur_t, cur_p);
-        double len = expected_length(cur_p, n);
+        Py_ssize_t k = st_draft_path(s->tree, v, m, room, min_prob, cur_t, cur_p);
+        double len = expected_length(cur_p, k);
         if (best_n < 0 || len > best_len) { /* the current draft wins: it becomes the kept one */
             int32_t *t = win_t; win_t = cur_t; cur_t = t;
             double *p = win_p; win_p = cur_p; cur_p = p;
-            best_n = n; best_len = len;
+            best_n = k; best_len = len; best = j;
         }
     }
-    PyObject *out = PyList_New(best_n > 0 ? best_n : 0);
-    for (Py_ssize_t i = 0; out && i < best_n; i++) {
-        PyObject *x = PyLong_FromLong(win_t[i]);
+    *n = best_n > 0 ? best_n : 0;
+    if (win_t != toks) {
+        memcpy(toks, win_t, sizeof(int32_t) * (size_t)*n);
+        memcpy(probs, win_p, sizeof(double) * (size_t)*n);
+    }
+    return best;
+}
+
+/* The winning draft of one row, as a list. */
+static PyObject *draft_row(PyObject *streams, Py_ssize_t room, double min_prob, int32_t *toks, double *probs) {
+    Py_ssize_t n;
+    st_best_stream(streams, room, min_prob, toks, probs, &n);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        PyObject *x = PyLong_FromLong(toks[i]);
         if (!x) { Py_CLEAR(out); break; }
         PyList_SET_ITEM(out, i, x);
     }
@@ -188,7 +203,7 @@ PyObject *st_draft_many(PyObject *self, PyObject *args) {
     for (Py_ssize_t i = 0; i < R; i++) {
         PyObject *st = PyList_GET_ITEM(streams, i), *d;
         Py_ssize_t room = (Py_ssize_t)int_at(&rooms, i);
-        if (!is_streams(st)) { PyErr_Format(PyExc_ValueError, "row %zd: needs a tuple of streams", i); Py_CLEAR(out); goto free; }
+        if (!st_is_streams(st)) { PyErr_Format(PyExc_ValueError, "row %zd: needs a tuple of streams", i); Py_CLEAR(out); goto free; }
         d = room > 0 ? draft_row(st, room, min_prob, toks, probs) : PyList_New(0);
         if (!d) { Py_CLEAR(out); goto free; }
         PyList_SET_ITEM(out, i, d);

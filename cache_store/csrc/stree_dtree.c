@@ -88,30 +88,148 @@ static int push_children(const STree *t, int32_t v, int32_t d, double score, int
     return 0;
 }
 
-/* The best-first draft tree from locus (v, m); m = 0: nothing matched. */
-PyObject *st_draft_tree(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob) {
-    PyObject *toks = PyList_New(0), *pars = PyList_New(0), *probs = PyList_New(0);
+/* A draft tree in arrays: node i has token tok[i], parent par[i] (-1: the root's child; parents
+ * come first) and child frequency c[i]. */
+typedef struct { int32_t *tok, *par; double *c; Py_ssize_t n; } DTree;
+
+static void dtree_free(DTree *d) { PyMem_Free(d->tok); PyMem_Free(d->par); PyMem_Free(d->c); }
+
+/* The best-first draft tree from locus (v, m), at most `budget` nodes; m = 0: nothing matched. */
+static int dtree_build(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob, DTree *d) {
     Queue q = {0};
-    Py_ssize_t emitted = 0;
-    if (!toks || !pars || !probs) goto fail;
-    if (m > 0 && budget > 0 && push_children(t, v, (int32_t)m, 1.0, -1, min_prob, budget, &q) < 0) goto fail;
-    while (q.hn > 0 && emitted < budget) {
+    int rc = -1;
+    d->n = 0;
+    d->tok = PyMem_Malloc(sizeof(int32_t) * (size_t)(budget + 1));
+    d->par = PyMem_Malloc(sizeof(int32_t) * (size_t)(budget + 1));
+    d->c = PyMem_Malloc(sizeof(double) * (size_t)(budget + 1));
+    if (!d->tok || !d->par || !d->c) { PyErr_NoMemory(); goto done; }
+    if (m > 0 && budget > 0 && push_children(t, v, (int32_t)m, 1.0, -1, min_prob, budget, &q) < 0) goto done;
+    while (q.hn > 0 && d->n < budget) {
         Cand x = heap_pop(q.h, &q.hn);
-        PyObject *a = PyLong_FromLong(x.tok), *b = PyLong_FromLong(x.parent), *c = PyFloat_FromDouble(x.c);
-        int bad = !a || !b || !c || PyList_Append(toks, a) < 0 || PyList_Append(pars, b) < 0 ||
-                  PyList_Append(probs, c) < 0;
-        Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(c);
-        if (bad) goto fail;
-        emitted++;
-        if (emitted < budget &&
-            push_children(t, x.node, x.depth, x.score, (int32_t)(emitted - 1), min_prob, budget - emitted, &q) < 0)
-            goto fail;
+        d->tok[d->n] = x.tok; d->par[d->n] = x.parent; d->c[d->n] = x.c;
+        d->n++;
+        if (d->n < budget &&
+            push_children(t, x.node, x.depth, x.score, (int32_t)(d->n - 1), min_prob, budget - d->n, &q) < 0)
+            goto done;
     }
+    rc = 0;
+done:
     PyMem_Free(q.h); PyMem_Free(q.kids);
+    return rc;
+}
+
+PyObject *st_draft_tree(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob) {
+    DTree d;
+    PyObject *toks = NULL, *pars = NULL, *probs = NULL;
+    if (dtree_build(t, v, m, budget, min_prob, &d) < 0) goto fail;
+    toks = PyList_New(d.n); pars = PyList_New(d.n); probs = PyList_New(d.n);
+    if (!toks || !pars || !probs) goto fail;
+    for (Py_ssize_t i = 0; i < d.n; i++) {
+        PyObject *a = PyLong_FromLong(d.tok[i]), *b = PyLong_FromLong(d.par[i]), *c = PyFloat_FromDouble(d.c[i]);
+        if (!a || !b || !c) { Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(c); goto fail; }
+        PyList_SET_ITEM(toks, i, a); PyList_SET_ITEM(pars, i, b); PyList_SET_ITEM(probs, i, c);
+    }
+    dtree_free(&d);
     return Py_BuildValue("(NNNn)", toks, pars, probs, m);
 fail:
-    PyMem_Free(q.h); PyMem_Free(q.kids);
+    dtree_free(&d);
     Py_XDECREF(toks); Py_XDECREF(pars); Py_XDECREF(probs);
     return NULL;
 }
 
+/* ---------- a draft sampled from the tree ---------- */
+
+/* One child of `node` in proportion to its frequency, drawn as Python's random.choices draws
+ * (one random() per pick, cumulative weights, bisect right): its index, and its siblings'
+ * total in *total. kid has room for d->n entries. */
+static Py_ssize_t pick_child(const DTree *d, Py_ssize_t node, PyObject *random, int32_t *kid, double *cum,
+                             double *total) {
+    Py_ssize_t nk = 0;
+    double acc = 0.0;
+    for (Py_ssize_t i = node + 1; i < d->n; i++)
+        if (d->par[i] == node) { kid[nk] = (int32_t)i; acc += d->c[i]; cum[nk++] = acc; }
+    if (nk == 0) return -1;
+    PyObject *u = PyObject_CallNoArgs(random);
+    if (!u) return -2;
+    double x = PyFloat_AsDouble(u) * acc;
+    Py_DECREF(u);
+    if (PyErr_Occurred()) return -2;
+    Py_ssize_t lo = 0, hi = nk - 1;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (x < cum[mid]) hi = mid; else lo = mid + 1;
+    }
+    *total = acc;
+    return kid[lo];
+}
+
+/* {token: frequency / total} over the children of `node`. */
+static PyObject *child_dist(const DTree *d, Py_ssize_t node, double total) {
+    PyObject *dist = PyDict_New();
+    for (Py_ssize_t i = node + 1; dist && i < d->n; i++) {
+        if (d->par[i] != node) continue;
+        PyObject *k = PyLong_FromLong(d->tok[i]), *q = PyFloat_FromDouble(d->c[i] / total);
+        if (!k || !q || PyDict_SetItem(dist, k, q) < 0) Py_CLEAR(dist);
+        Py_XDECREF(k); Py_XDECREF(q);
+    }
+    return dist;
+}
+
+/* Walk the stream's draft tree of 4 x budget nodes from the root, sampling each child. */
+static PyObject *sample_walk(const Stream *s, Py_ssize_t budget, double min_prob, PyObject *random) {
+    DTree d = {0};
+    int32_t v = 0, *kid = NULL;
+    double *cum = NULL, total = 0.0;
+    PyObject *toks = PyList_New(0), *qs = PyList_New(0), *dists = PyList_New(0);
+    Py_ssize_t m = st_stream_locus(s, 4 * budget, &v);
+    if (!toks || !qs || !dists || dtree_build(s->tree, v, m, 4 * budget, min_prob, &d) < 0) goto fail;
+    kid = PyMem_Malloc(sizeof(int32_t) * (size_t)(d.n + 1));
+    cum = PyMem_Malloc(sizeof(double) * (size_t)(d.n + 1));
+    if (!kid || !cum) { PyErr_NoMemory(); goto fail; }
+    for (Py_ssize_t node = -1, got = 0; got < budget; got++) {
+        Py_ssize_t c = pick_child(&d, node, random, kid, cum, &total);
+        if (c == -2) goto fail;
+        if (c < 0) break;
+        PyObject *tk = PyLong_FromLong(d.tok[c]), *q = PyFloat_FromDouble(d.c[c] / total), *dist = child_dist(&d, node, total);
+        int bad = !tk || !q || !dist || PyList_Append(toks, tk) < 0 || PyList_Append(qs, q) < 0 ||
+                  PyList_Append(dists, dist) < 0;
+        Py_XDECREF(tk); Py_XDECREF(q); Py_XDECREF(dist);
+        if (bad) goto fail;
+        node = c;
+    }
+    dtree_free(&d); PyMem_Free(kid); PyMem_Free(cum);
+    return Py_BuildValue("(NNN)", toks, qs, dists);
+fail:
+    dtree_free(&d); PyMem_Free(kid); PyMem_Free(cum);
+    Py_XDECREF(toks); Py_XDECREF(qs); Py_XDECREF(dists);
+    return NULL;
+}
+
+/* sample_draft(streams, budget, min_prob, random): the stream `draft_many` would pick for this
+ * row drafts; its draft tree of 4 x budget nodes is walked from the root, each child drawn in
+ * proportion to its frequency among its siblings with `random()` (Python's random.choices
+ * rule), for at most `budget` tokens. Returns (tokens, q of each, the distribution each was
+ * drawn from as {token: q}). */
+PyObject *st_sample_draft(PyObject *self, PyObject *args) {
+    PyObject *streams, *random, *out = NULL;
+    Py_ssize_t budget, n;
+    double min_prob;
+    if (!PyArg_ParseTuple(args, "O!ndO", &PyTuple_Type, &streams, &budget, &min_prob, &random)) return NULL;
+    if (!st_is_streams(streams) || PyTuple_GET_SIZE(streams) == 0 || !PyCallable_Check(random)) {
+        PyErr_SetString(PyExc_ValueError, "sample_draft needs a non-empty tuple of streams and a callable");
+        return NULL;
+    }
+    if (budget < 0 || isnan(min_prob)) {
+        PyErr_SetString(PyExc_ValueError, "budget must be >= 0 and min_prob not NaN");
+        return NULL;
+    }
+    if (budget == 0) return Py_BuildValue("([][][])");
+    int32_t *toks = PyMem_Malloc(sizeof(int32_t) * 2 * (size_t)budget);
+    double *probs = PyMem_Malloc(sizeof(double) * 2 * (size_t)budget);
+    if (!toks || !probs) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t j = st_best_stream(streams, budget, min_prob, toks, probs, &n);
+    out = sample_walk((const Stream *)PyTuple_GET_ITEM(streams, j), budget, min_prob, random);
+done:
+    PyMem_Free(toks); PyMem_Free(probs);
+    return out;
+}

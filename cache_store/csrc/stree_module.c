@@ -300,6 +300,8 @@ static PyMethodDef module_methods[] = {
     {"feed_many", st_feed_many, METH_VARARGS,
      "feed_many(streams, ids, slots, starts, ends, limits, eos, drafts) -> (fed, accepted)"},
     {"draft_many", st_draft_many, METH_VARARGS, "draft_many(streams, rooms, min_prob) -> drafts"},
+    {"sample_draft", st_sample_draft, METH_VARARGS,
+     "sample_draft(streams, budget, min_prob, random) -> (tokens, qs, dists)"},
     {NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stree", "Compiled core of cache_store.suffix_tree.", -1,

@@ -9,7 +9,8 @@ that group's trees (and the store, as sequences of that prompt) and nothing else
 Three exact ways to draft (see `srtcli.rollout.engine.verify`, `srtcli.rollout.engine.tree_verify`):
 - `mode="greedy"`: follow the most frequent child (`SuffixTree.draft`); a point mass.
 - `mode="sample"`: sample each child in proportion to its count among the children the tree
-  lists (`SuffixTree.draft_tree`), recording q; verified with the ratio rule.
+  lists (`SuffixTree.draft_tree`), recording q; verified with the ratio rule. One compiled
+  call (`cache_store.suffix_tree.sample_draft`) picks the stream as `best_draft` does and walks.
 - `mode="tree"`: the best-first draft tree itself (`SuffixTree.draft_tree`, `budget` nodes),
   verified as a tree: several candidates per position in one forward.
 bench/rollout_bench.py measures both (`srt` = sample, `srt-greedy`); sampling accepted more
@@ -19,11 +20,9 @@ tokens per forward on the bundled workload, so it is the default.
 from __future__ import annotations
 
 import random
-from bisect import bisect
-from itertools import accumulate
 from typing import Any
 
-from cache_store.suffix_tree import Draft, SuffixStream
+from cache_store.suffix_tree import Draft, SuffixStream, sample_draft
 from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.group_trees import GroupTrees
 
@@ -80,31 +79,14 @@ class SrtDrafter(Drafter):
     def propose(self, seq: Any, budget: int) -> Proposal:
         # the streams hold the sequence's tokens (anchor first): a step costs the same at token
         # 16,000 as at token 16
+        if self.mode == "sample":
+            toks, qs, dists = sample_draft(seq.drafter_state, budget, self.min_prob, self.rng.random)
+            return Proposal(toks, qs, dists) if toks else Proposal([])
         stream, best = best_draft(seq.drafter_state, budget, self.min_prob)
         if self.mode == "greedy":
             return Proposal(best.tokens)
-        if self.mode == "tree":
-            dt = stream.draft_tree(budget=budget, min_prob=self.min_prob)
-            return Proposal(dt.tokens, parents=dt.parents)
-        return self._sample(stream, budget)
-
-    def _sample(self, stream: SuffixStream, budget: int) -> Proposal:
-        dt = stream.draft_tree(budget=4 * budget, min_prob=self.min_prob)
-        kids: dict[int, list[int]] = {}
-        for i, par in enumerate(dt.parents):
-            kids.setdefault(par, []).append(i)
-        toks, qs, dists, node = [], [], [], -1
-        tokens, probs, rand = dt.tokens, dt.probs, self.rng.random
-        while len(toks) < budget and node in kids:
-            idx = kids[node]
-            cum = list(accumulate(probs[i] for i in idx))
-            total = cum[-1]
-            # a child in proportion to its count: random.choices' own draw, without its overhead
-            node = idx[bisect(cum, rand() * total, 0, len(idx) - 1)]
-            toks.append(tokens[node])
-            qs.append(probs[node] / total)
-            dists.append({tokens[i]: probs[i] / total for i in idx})
-        return Proposal(toks, qs, dists) if toks else Proposal([])
+        dt = stream.draft_tree(budget=budget, min_prob=self.min_prob)
+        return Proposal(dt.tokens, parents=dt.parents)
 
     def extend(self, seq: Any, tokens: list[int]) -> None:
         for s in seq.drafter_state:
