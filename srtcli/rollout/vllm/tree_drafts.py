@@ -148,23 +148,22 @@ class TreeDrafts:
         live = self.slots < rows
         if live.any():
             slots, seen = self.slots[live], self.seen[live]
-            same[live] = (ids[slots[:, None], tail_positions(seen)] == self.tails[live]).all(1) & (num[slots] >= seen)
+            same[live] = (ids[slots[:, None], self.tail_at[live]] == self.tails[live]).all(1) & (num[slots] >= seen)
         return same
 
-    def _track(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
-               token_ids_cpu: np.ndarray) -> dict[int, _Seq]:
-        """Row -> the sequence it holds now; a tracked sequence no row holds any more has left."""
-        kept, prev = self._kept(len(sampled_token_ids), num_tokens_no_spec, token_ids_cpu), list(self.rows.values())
+    def _track(self, sampled: list[int], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray) -> dict[int, _Seq]:
+        """Row -> the sequence it holds now (`sampled`: how many tokens each row sampled this
+        step); a tracked sequence no row holds any more has left."""
+        kept, prev = self._kept(len(sampled), num_tokens_no_spec, token_ids_cpu), list(self.rows.values())
         cur = {i: self.rows[i] for i in np.sort(self.slots[kept]).tolist()}  # rows that kept their sequence
         free = {}
         for j in np.flatnonzero(~kept).tolist():  # the others may have moved, left or come back later
             s = prev[j]
             s.tail = self.tails[j]
             free[id(s)] = s
-        for i in range(len(sampled_token_ids)):  # moved rows, returning and new sequences
-            if i in cur or not len(sampled_token_ids[i]):  # still prefilling: nothing sampled yet
+        for i, k in enumerate(sampled):  # moved rows, returning and new sequences
+            if i in cur or not k:  # still prefilling: nothing sampled yet
                 continue
-            k = len(sampled_token_ids[i])
             cur[i] = self._arrived(free, token_ids_cpu[i], int(num_tokens_no_spec[i]), k)
         for s in free.values():
             self._left(s)
@@ -178,14 +177,20 @@ class TreeDrafts:
             self.away[id(s)] = s
 
     def _expire(self) -> None:
-        for s in [s for s in self.away.values() if self.step - s.left > PARK_STEPS]:
+        # `away` is in the order sequences left (one that comes back and leaves again is
+        # re-inserted), so the expired ones are its first
+        while self.away:
+            s = next(iter(self.away.values()))
+            if self.step - s.left <= PARK_STEPS:
+                break
             del self.away[id(s)]
             self._end(s)
 
     def _remember(self, slots: np.ndarray, seen: np.ndarray, ids: np.ndarray) -> None:
         """Note each tracked row's length and the tokens before it, for the next step (arrays in
         the order of `rows`)."""
-        self.slots, self.seen, self.tails = slots, seen, ids[slots[:, None], tail_positions(seen)]
+        self.slots, self.seen, self.tail_at = slots, seen, tail_positions(seen)
+        self.tails = ids[slots[:, None], self.tail_at]
 
     # --- the hook -----------------------------------------------------------------------------
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
@@ -195,19 +200,19 @@ class TreeDrafts:
             self.clock.tick()
             self.step += 1
             self.c.steps += 1
-            self.c.row_forwards += sum(1 for t in sampled_token_ids if len(t))
+            sampled = np.fromiter(map(len, sampled_token_ids), np.int64, len(sampled_token_ids))
+            self.c.row_forwards += int(np.count_nonzero(sampled))
             num = np.asarray(num_tokens_no_spec)
-            self.rows = self._track(sampled_token_ids, num, token_ids_cpu)
+            self.rows = self._track(sampled.tolist(), num, token_ids_cpu)
             out: list[list[int]] = [[] for _ in range(len(sampled_token_ids))]
-            self._remember(*self._step(out, sampled_token_ids, num, token_ids_cpu), token_ids_cpu)
+            self._remember(*self._step(out, sampled, num, token_ids_cpu), token_ids_cpu)
             self._expire()
             if self.groups.due():
                 self.flush()
             self.clock.tick()
             return out
 
-    def _step(self, out: list, sampled: Sequence[Sequence[int]], num: np.ndarray,
-              ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _step(self, out: list, sampled: np.ndarray, num: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Every tracked row at once, in two compiled calls: feed its new tokens and adapt its
         draft length (`_feed`), then draft for the rows that sampled. Returns the rows' slots and
         lengths."""
@@ -216,7 +221,7 @@ class TreeDrafts:
             return slots, slots
         seqs = list(self.rows.values())
         b = self._feed(seqs, slots, num[slots].astype(np.int64), ids)
-        drafting = np.fromiter((len(sampled[i]) > 0 for i in b.slots.tolist()), bool, len(seqs)) & ~b.done
+        drafting = (sampled[b.slots] > 0) & ~b.done
         b.spec = np.where(drafting & (b.spec < 0), self.budget, b.spec)  # a first draft: the whole budget
         room = np.minimum(b.spec, np.minimum(self.max_model_len - b.n - 1, self.cap - (b.n - b.plen) - 1))
         drafts = draft_many(b.cores, np.where(drafting, room, 0), self.table.min_prob)

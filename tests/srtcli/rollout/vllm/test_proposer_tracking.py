@@ -55,9 +55,9 @@ class WholeRowTracking(TreeDrafts):
                 cur[i] = s
                 free.pop(id(s), None)
         for i in range(len(sampled)):
-            if i in cur or not len(sampled[i]):
+            if i in cur or not sampled[i]:  # sampled: each row's number of sampled tokens
                 continue
-            cur[i] = self._arrived(free, ids[i], int(num[i]), len(sampled[i]))
+            cur[i] = self._arrived(free, ids[i], int(num[i]), int(sampled[i]))
         for s in free.values():
             self._left(s)
         return cur
@@ -67,7 +67,7 @@ class WholeRowTracking(TreeDrafts):
         for i, s in self.rows.items():
             self._feed(s, ids[i], int(num[i]))
         for i, s in self.rows.items():
-            if len(sampled[i]) and not s.done:
+            if sampled[i] and not s.done:
                 out[i] = s.last_draft = self._draft(s, ids[i], int(num[i]))
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
