@@ -177,12 +177,9 @@ class TreeDrafts:
             self.away[id(s)] = s
 
     def _expire(self) -> None:
-        # `away` is in the order sequences left (one that comes back and leaves again is
-        # re-inserted), so the expired ones are its first
-        while self.away:
-            s = next(iter(self.away.values()))
-            if self.step - s.left <= PARK_STEPS:
-                break
+        # `away` is in the order sequences left (a returning one is re-inserted when it leaves
+        # again): the expired ones come first
+        while self.away and self.step - (s := next(iter(self.away.values()))).left > PARK_STEPS:
             del self.away[id(s)]
             self._end(s)
 
