@@ -75,7 +75,7 @@ timeout 200 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --too
 
 step "rollout bench, $DEV, batch 8"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 16 --epochs 3 --tools -n 8 --max-new-tokens 96 \
-    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-adaptive,srt-tree,srt-tree-wide,srt-tree-48,arctic \
+    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-adaptive,srt-tree-wide,srt-tree-48,arctic \
     --json-out "$OUT/rollout_${DEV}_b8.json" 2>&1 | tee "$OUT/rollout_${DEV}_b8.log" | tail -20
 step "profile: where a step's time goes (host Python vs the model), none and srt, batch 32"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \
