@@ -139,36 +139,37 @@ fail:
 
 /* ---------- a draft sampled from the tree ---------- */
 
-/* One child of `node` in proportion to its frequency, drawn as Python's random.choices draws
- * (one random() per pick, cumulative weights, bisect right): its index, and its siblings'
- * total in *total. kid has room for d->n entries. */
-static Py_ssize_t pick_child(const DTree *d, Py_ssize_t node, PyObject *random, int32_t *kid, double *cum,
-                             double *total) {
+/* The children of `node` (their indices into kid, nk of them; kid has room for d->n) and the
+ * running sums of their frequencies in cum. */
+static Py_ssize_t children(const DTree *d, Py_ssize_t node, int32_t *kid, double *cum) {
     Py_ssize_t nk = 0;
     double acc = 0.0;
     for (Py_ssize_t i = node + 1; i < d->n; i++)
         if (d->par[i] == node) { kid[nk] = (int32_t)i; acc += d->c[i]; cum[nk++] = acc; }
-    if (nk == 0) return -1;
+    return nk;
+}
+
+/* Which of nk children to take, drawn as Python's random.choices draws (one random() per pick
+ * against the running sums, bisect right); -1 with an exception set if random() fails. */
+static Py_ssize_t draw(PyObject *random, const double *cum, Py_ssize_t nk) {
     PyObject *u = PyObject_CallNoArgs(random);
-    if (!u) return -2;
-    double x = PyFloat_AsDouble(u) * acc;
+    if (!u) return -1;
+    double x = PyFloat_AsDouble(u) * cum[nk - 1];
     Py_DECREF(u);
-    if (PyErr_Occurred()) return -2;
+    if (PyErr_Occurred()) return -1;
     Py_ssize_t lo = 0, hi = nk - 1;
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
         if (x < cum[mid]) hi = mid; else lo = mid + 1;
     }
-    *total = acc;
-    return kid[lo];
+    return lo;
 }
 
-/* {token: frequency / total} over the children of `node`. */
-static PyObject *child_dist(const DTree *d, Py_ssize_t node, double total) {
+/* {token: frequency / total} over the nk children in kid. */
+static PyObject *child_dist(const DTree *d, const int32_t *kid, Py_ssize_t nk, double total) {
     PyObject *dist = PyDict_New();
-    for (Py_ssize_t i = node + 1; dist && i < d->n; i++) {
-        if (d->par[i] != node) continue;
-        PyObject *k = PyLong_FromLong(d->tok[i]), *q = PyFloat_FromDouble(d->c[i] / total);
+    for (Py_ssize_t j = 0; dist && j < nk; j++) {
+        PyObject *k = PyLong_FromLong(d->tok[kid[j]]), *q = PyFloat_FromDouble(d->c[kid[j]] / total);
         if (!k || !q || PyDict_SetItem(dist, k, q) < 0) Py_CLEAR(dist);
         Py_XDECREF(k); Py_XDECREF(q);
     }
@@ -179,7 +180,7 @@ static PyObject *child_dist(const DTree *d, Py_ssize_t node, double total) {
 static PyObject *sample_walk(const Stream *s, Py_ssize_t budget, double min_prob, PyObject *random) {
     DTree d = {0};
     int32_t v = 0, *kid = NULL;
-    double *cum = NULL, total = 0.0;
+    double *cum = NULL;
     PyObject *toks = PyList_New(0), *qs = PyList_New(0), *dists = PyList_New(0);
     Py_ssize_t m = st_stream_locus(s, 4 * budget, &v);
     if (!toks || !qs || !dists || dtree_build(s->tree, v, m, 4 * budget, min_prob, &d) < 0) goto fail;
@@ -187,10 +188,14 @@ static PyObject *sample_walk(const Stream *s, Py_ssize_t budget, double min_prob
     cum = PyMem_Malloc(sizeof(double) * (size_t)(d.n + 1));
     if (!kid || !cum) { PyErr_NoMemory(); goto fail; }
     for (Py_ssize_t node = -1, got = 0; got < budget; got++) {
-        Py_ssize_t c = pick_child(&d, node, random, kid, cum, &total);
-        if (c == -2) goto fail;
-        if (c < 0) break;
-        PyObject *tk = PyLong_FromLong(d.tok[c]), *q = PyFloat_FromDouble(d.c[c] / total), *dist = child_dist(&d, node, total);
+        Py_ssize_t nk = children(&d, node, kid, cum);
+        if (nk == 0) break;
+        Py_ssize_t j = draw(random, cum, nk);
+        if (j < 0) goto fail;
+        Py_ssize_t c = kid[j];
+        double total = cum[nk - 1];
+        PyObject *tk = PyLong_FromLong(d.tok[c]), *q = PyFloat_FromDouble(d.c[c] / total),
+                 *dist = child_dist(&d, kid, nk, total);
         int bad = !tk || !q || !dist || PyList_Append(toks, tk) < 0 || PyList_Append(qs, q) < 0 ||
                   PyList_Append(dists, dist) < 0;
         Py_XDECREF(tk); Py_XDECREF(q); Py_XDECREF(dist);

@@ -98,8 +98,9 @@ class ForwardPass:
         lcur = max(c + n for c, n in zip(starts, lens))
         pos, widx, ids = [], [], []
         for c, n, x in zip(starts, lens, inputs):
-            pos += [0] * (q - n) + list(range(c, c + n))
-            widx += [self.max_len] * (q - n) + list(range(c, c + n))  # padding writes to the trash column
+            cols = range(c, c + n)
+            pos += [0] * (q - n) + list(cols)
+            widx += [self.max_len] * (q - n) + list(cols)  # padding writes to the trash column
             ids += [0] * (q - n) + x
         pos_t, widx, ids_t = (longs(v).view(b, q) for v in (pos, widx, ids))
         mask = self._mask(pos_t, lcur)

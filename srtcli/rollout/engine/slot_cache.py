@@ -177,8 +177,10 @@ class SlotKVCache(Cache):
     def copy_prefix(self, src: int, dst: list[int], n: int) -> None:
         """Give the slots `dst` the keys/values of slot `src`'s first n positions (a shared
         prompt): one copy per buffer, whatever the number of slots."""
+        if not self.k:
+            return
+        rows = longs(dst).to(next(iter(self.k.values())).device)
         for layer in self.k:
-            rows = longs(dst).to(self.k[layer].device)
             self.k[layer][rows, :, :n] = self.k[layer][src, :, :n]
             self.v[layer][rows, :, :n] = self.v[layer][src, :, :n]
 
