@@ -62,6 +62,7 @@ CONFIGS = {
     "srt": dict(draft="srt", run_ahead=False),
     "srt+run-ahead": dict(draft="srt", run_ahead=True),
     "srt-greedy": dict(draft="srt", run_ahead=False, draft_mode="greedy"),
+    "srt-counts": dict(draft="srt", run_ahead=False, draft_stop=False),  # children by count, no stop
     "srt-fixed": dict(draft="srt", run_ahead=False, adaptive=False),
     "srt-prompt-only": dict(draft="srt", run_ahead=False, shared_tree=False),
     "srt-tree": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=2),
@@ -158,7 +159,7 @@ def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path)
                 run_ahead_tokens=args.run_ahead_tokens, tools="calculator" if args.tools else None,
                 reward=None, device=args.device, threads=args.threads, resume=False,
                 adaptive_budget=False if args.fixed_budget else cfg.get("adaptive"),
-                shared_tree=cfg.get("shared_tree", True))
+                shared_tree=cfg.get("shared_tree", True), draft_stop=cfg.get("draft_stop", True))
 
 
 def hf_generate(args, model_path: Path, prompts: Path) -> dict:

@@ -27,7 +27,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
 import lmdb
 
@@ -47,23 +47,35 @@ from cache_store.uid import is_uid
 
 @dataclass(frozen=True)
 class StoredSequence:
-    """One rollout as read back: its tokens, the tick it was written at, its weight now."""
+    """One rollout as read back: its tokens, the tick it was written at, its weight now, and
+    its tokens' probabilities (None when the record has none)."""
 
     tokens: Sequence[int]
     tick: int
     weight: float
+    probs: Sequence[float] | None = None
 
 
 class SequenceStore(Protocol):
     """What the tree and the drafters need of persistence."""
 
     def append(self, uid: str, sequences: Iterable[Sequence[int]]) -> None: ...
-    def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]]) -> None: ...
+    def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]],
+                    probs: Mapping[str, Sequence[Any]] | None = None) -> None: ...
     def read(self, uid: str) -> list[StoredSequence]: ...
     def prune(self, criteria: PruneCriteria | None = None, dry_run: bool = False) -> PrunePlan: ...
     def stats(self, verify: bool = True, top: int = 5) -> SeqStoreStats: ...
     def now(self) -> int: ...
     def tick(self, n: int = 1) -> int: ...
+
+
+def _with_probs(seqs: Iterable[Sequence[int]], probs: Sequence[Any] | None) -> list[tuple]:
+    """(int32 tokens, float16 probabilities or None) of each non-empty sequence."""
+    seqs = [seqrecord.as_tokens(s) for s in seqs]
+    probs = [None] * len(seqs) if probs is None else list(probs)
+    if len(probs) != len(seqs):
+        raise ValueError(f"probs for {len(probs)} sequences, but {len(seqs)} sequences")
+    return [(a, None if p is None else seqrecord.as_probs(p, a.size)) for a, p in zip(seqs, probs) if a.size]
 
 
 def _key(uid: str, n: int) -> bytes:
@@ -123,25 +135,29 @@ class LmdbSequenceStore:
         """`append_many` for one prompt."""
         self.append_many({uid: sequences})
 
-    def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]]) -> None:
-        """Store new rollouts (weight 1, stamped now) for each prompt, in one transaction.
+    def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]],
+                    probs: Mapping[str, Sequence[Any]] | None = None) -> None:
+        """Store new rollouts (weight 1, stamped now) for each prompt, in one transaction;
+        `probs[uid][i]`, if given and not None, are the probabilities of `batch[uid][i]`'s
+        tokens (`seqrecord.as_probs`).
 
         Everything is validated and compressed before the write lock is taken; inside it,
         each prompt's next record numbers are read and its meta record updated. Empty
-        sequences are skipped. ValueError (nothing written) for a token id out of range.
+        sequences are skipped. ValueError (nothing written) for a token id out of range or a
+        probability outside [0, 1].
         """
         self._writable()
-        arrays = {_check_uid(uid): [a for a in map(seqrecord.as_tokens, seqs) if a.size] for uid, seqs in batch.items()}
+        arrays = {_check_uid(uid): _with_probs(seqs, (probs or {}).get(uid)) for uid, seqs in batch.items()}
         now = self.now()
-        encoded = {uid: [seqrecord.encode(a, now, 1.0) for a in arr] for uid, arr in arrays.items()}
+        encoded = {uid: [seqrecord.encode(a, now, 1.0, p) for a, p in arr] for uid, arr in arrays.items()}
 
         def fn(txn: lmdb.Transaction) -> None:
             tick = int(self._e.get_info(txn)["tick"])
             for uid, recs in encoded.items():
                 if tick != now:  # the clock moved since encoding: stamp the records now
-                    recs = [seqrecord.encode(a, tick, 1.0) for a in arrays[uid]]
+                    recs = [seqrecord.encode(a, tick, 1.0, p) for a, p in arrays[uid]]
                 if recs:
-                    self._put(txn, uid, recs, sum(a.size for a in arrays[uid]))
+                    self._put(txn, uid, recs, sum(a.size for a, _ in arrays[uid]))
 
         self._e.write(fn)
 
@@ -176,13 +192,13 @@ class LmdbSequenceStore:
             now, hl, floor = int(info["tick"]), info["half_life"], info["floor"]
             for key, value in self._records(txn, uid):
                 try:
-                    head, tokens = seqrecord.decode(value)
+                    head, tokens, probs = seqrecord.decode_with_probs(value)
                 except CorruptRecord as e:
                     self._warn(key, e)
                     continue
                 w = head.weight * decay_factor(now, head.tick, hl)
                 if w >= floor and w > 0:
-                    out.append(StoredSequence(tokens, head.tick, w))
+                    out.append(StoredSequence(tokens, head.tick, w, probs))
 
         self._e.read(fn, buffers=True)
         return out
@@ -279,4 +295,4 @@ def load_tree(store: SequenceStore, uid: str, max_depth: int = 64, newest: int =
     by their decay."""
     seqs = store.read(uid)
     seqs = seqs[len(seqs) - newest:] if len(seqs) > newest else seqs
-    return SuffixTree.from_sequences(((s.tokens, s.weight) for s in seqs), max_depth)
+    return SuffixTree.from_sequences(((s.tokens, s.weight, s.probs) for s in seqs), max_depth)

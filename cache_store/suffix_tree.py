@@ -66,9 +66,11 @@ class SuffixStream:
     def __init__(self, core_stream: object) -> None:
         self._s = core_stream
 
-    def extend(self, tokens: Iterable[int]) -> None:
-        """Append `tokens` (ints in [0, 2**31); ValueError otherwise, with nothing appended)."""
-        self._s.extend(tokens)
+    def extend(self, tokens: Iterable[int], probs: Sequence[float] | None = None) -> None:
+        """Append `tokens` (ints in [0, 2**31); ValueError otherwise, with nothing appended),
+        with the probability the policy gave each (`probs`: one per token, in [0, 1], NaN for
+        unknown; None: all unknown), which `sample_draft(..., stop=True)` drafts by."""
+        self._s.extend(tokens, probs)
 
     def close(self) -> None:
         """The sequence is finished (idempotent); extending it afterwards raises ValueError."""
@@ -107,17 +109,18 @@ class SuffixTree:
         self._t = _stree.SuffixTree(max_depth)
 
     @classmethod
-    def from_sequences(cls, seqs: Iterable[tuple[Sequence[int], float]], max_depth: int = 64) -> "SuffixTree":
-        """A tree holding each (tokens, weight) of `seqs`."""
+    def from_sequences(cls, seqs: Iterable[tuple], max_depth: int = 64) -> "SuffixTree":
+        """A tree holding each (tokens, weight) or (tokens, weight, probs) of `seqs`."""
         tree = cls(max_depth)
-        for tokens, weight in seqs:
-            tree.add(tokens, weight)
+        for seq in seqs:
+            tree.add(*seq)
         tree.trim()
         return tree
 
-    def add(self, tokens: Iterable[int], weight: float = 1.0) -> int:
-        """Store one finished sequence with `weight` (finite, > 0); returns its id."""
-        return self._t.add(tokens, weight)
+    def add(self, tokens: Iterable[int], weight: float = 1.0, probs: Sequence[float] | None = None) -> int:
+        """Store one finished sequence with `weight` (finite, > 0) and its tokens' probabilities
+        (as `SuffixStream.extend`); returns its id."""
+        return self._t.add(tokens, weight, probs)
 
     def stream(self) -> SuffixStream:
         """A new live sequence (weight 1), extended as its tokens are verified."""
@@ -141,6 +144,16 @@ class SuffixTree:
         """The tokens of sequence `i` (so far, for a live one), as an int32 array (one copy)."""
         out = array("i")
         out.frombytes(self._t.sequence(i))
+        return out
+
+    def sequence_probs(self, i: int) -> array | None:
+        """The probabilities stored with sequence `i` (float32, NaN where unknown), or None
+        when none is known."""
+        raw = self._t.sequence_probs(i)
+        if raw is None:
+            return None
+        out = array("f")
+        out.frombytes(raw)
         return out
 
     @property
@@ -202,11 +215,20 @@ def draft_many(streams: list[tuple], rooms: Any, min_prob: float) -> list[list[i
 
 
 def sample_draft(streams: tuple, budget: int, min_prob: float,
-                 random: Callable[[], float]) -> tuple[list[int], list[float], list[dict[int, float]]]:
+                 random: Callable[[], float], stop: bool = False) -> tuple[list[int], list[float], list[dict[int, float]]]:
     """A draft sampled from a sequence's streams (a tuple of `SuffixStream`, its prompt tree's
     first): the stream `draft_many` would draft from walks its draft tree of 4 x `budget`
     nodes (`SuffixStream.draft_tree`) from the root, drawing each child in proportion to its
     frequency among the children the tree lists, for at most `budget` tokens. Each draw is
     `random.choices`' own rule over `random()`. Returns the tokens, the probability q each was
-    drawn with, and the distribution each was drawn from ({token: q})."""
-    return _stree.sample_draft(tuple(s.core for s in streams), budget, min_prob, random)
+    drawn with, and the distribution each was drawn from ({token: q}).
+
+    With `stop`, where every child listed has a known probability (p-hat: what the policy gave
+    that token in the stored sequence the tree node points into), children are drawn by p-hat
+    and the rest of the mass, 1 - sum p-hat, ends the draft: the draft then carries one
+    distribution more than tokens, the (defective) q at the position after its last token, and
+    the verifier samples the token there from the residual (p - q)+. Children of p-hat 0 (tool
+    output) are never drafted. Where the policy is what wrote the tree, p-hat is close to p, so
+    drafted tokens are nearly always accepted and a draft stops where it would have been
+    rejected: fewer verified tokens wasted, the same output distribution."""
+    return _stree.sample_draft(tuple(s.core for s in streams), budget, min_prob, random, stop)

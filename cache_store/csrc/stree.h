@@ -51,6 +51,8 @@ typedef struct { int32_t node, head, cnt; } Flight; /* node < 0: empty slot */
 
 typedef struct {
     int32_t *tok;
+    float *p; /* the policy's probability of each token when it was generated (NaN: unknown);
+               * NULL while every token's is unknown */
     int32_t len, cap;
     int32_t stream; /* window block of the live stream writing it; -1 when finished */
     double weight;
@@ -95,6 +97,13 @@ static inline int32_t st_tok(const STree *t, int32_t v, int32_t k) {
     return t->seqs[t->nodes[v].seq].tok[t->nodes[v].off + k];
 }
 
+/* p-hat of the d-th token (1-based) of node v's path: the probability the policy gave it in the
+ * sequence the node points into (NaN when unknown). */
+static inline float st_prob(const STree *t, int32_t v, int32_t d) {
+    const Seq *q = &t->seqs[t->nodes[v].seq];
+    return q->p ? q->p[t->nodes[v].off + d - 1] : NAN;
+}
+
 static inline int st_open(const STree *t, int32_t v) { return t->nodes[v].dep < 0; }
 
 static inline int32_t st_dep(const STree *t, int32_t v) {
@@ -137,6 +146,7 @@ void st_flight_push(STree *t, int32_t v, int32_t slot);
 void st_flight_remove(STree *t, int32_t v, int32_t slot);
 void st_flight_remove_entry(STree *t, int32_t v);
 int st_seq_push(STree *t, int32_t s, const int32_t *tok, Py_ssize_t k);
+int st_seq_set_probs(STree *t, int32_t s, Py_ssize_t from, const float *p, Py_ssize_t k);
 
 /* stree_insert.c: whole sequences and live streams */
 int st_add_windows(STree *t, int32_t s);

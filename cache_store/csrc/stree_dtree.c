@@ -89,10 +89,11 @@ static int push_children(const STree *t, int32_t v, int32_t d, double score, int
 }
 
 /* A draft tree in arrays: node i has token tok[i], parent par[i] (-1: the root's child; parents
- * come first) and child frequency c[i]. */
-typedef struct { int32_t *tok, *par; double *c; Py_ssize_t n; } DTree;
+ * come first), child frequency c[i] and p-hat ph[i] (the policy's probability of the token in
+ * the stored sequence the node points into; NaN: unknown). */
+typedef struct { int32_t *tok, *par; double *c; float *ph; Py_ssize_t n; } DTree;
 
-static void dtree_free(DTree *d) { PyMem_Free(d->tok); PyMem_Free(d->par); PyMem_Free(d->c); }
+static void dtree_free(DTree *d) { PyMem_Free(d->tok); PyMem_Free(d->par); PyMem_Free(d->c); PyMem_Free(d->ph); }
 
 /* The best-first draft tree from locus (v, m), at most `budget` nodes; m = 0: nothing matched. */
 static int dtree_build(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob, DTree *d) {
@@ -102,11 +103,13 @@ static int dtree_build(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budge
     d->tok = PyMem_Malloc(sizeof(int32_t) * (size_t)(budget + 1));
     d->par = PyMem_Malloc(sizeof(int32_t) * (size_t)(budget + 1));
     d->c = PyMem_Malloc(sizeof(double) * (size_t)(budget + 1));
-    if (!d->tok || !d->par || !d->c) { PyErr_NoMemory(); goto done; }
+    d->ph = PyMem_Malloc(sizeof(float) * (size_t)(budget + 1));
+    if (!d->tok || !d->par || !d->c || !d->ph) { PyErr_NoMemory(); goto done; }
     if (m > 0 && budget > 0 && push_children(t, v, (int32_t)m, 1.0, -1, min_prob, budget, &q) < 0) goto done;
     while (q.hn > 0 && d->n < budget) {
         Cand x = heap_pop(q.h, &q.hn);
         d->tok[d->n] = x.tok; d->par[d->n] = x.parent; d->c[d->n] = x.c;
+        d->ph[d->n] = st_prob(t, x.node, x.depth);
         d->n++;
         if (d->n < budget &&
             push_children(t, x.node, x.depth, x.score, (int32_t)(d->n - 1), min_prob, budget - d->n, &q) < 0)
@@ -140,23 +143,38 @@ fail:
 /* ---------- a draft sampled from the tree ---------- */
 
 /* The children of `node` (their indices into kid, nk of them; kid has room for d->n) and the
- * running sums of their frequencies in cum. */
-static Py_ssize_t children(const DTree *d, Py_ssize_t node, int32_t *kid, double *cum) {
+ * their weights in w and the running sums in cum: their frequencies, or with `stop` their p-hats when
+ * every child's is known (*by_p set). Children of p-hat 0 (tool output) are left out then. */
+static Py_ssize_t children(const DTree *d, Py_ssize_t node, int stop, int32_t *kid, double *w, double *cum,
+                           int *by_p) {
     Py_ssize_t nk = 0;
-    double acc = 0.0;
+    *by_p = stop;
     for (Py_ssize_t i = node + 1; i < d->n; i++)
-        if (d->par[i] == node) { kid[nk] = (int32_t)i; acc += d->c[i]; cum[nk++] = acc; }
-    return nk;
+        if (d->par[i] == node) {
+            kid[nk++] = (int32_t)i;
+            if (isnan(d->ph[i])) *by_p = 0;
+        }
+    double acc = 0.0;
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t j = 0; j < nk; j++) {
+        double x = *by_p ? (double)d->ph[kid[j]] : d->c[kid[j]];
+        if (*by_p && x <= 0.0) continue;
+        acc += x;
+        kid[kept] = kid[j]; w[kept] = x; cum[kept++] = acc;
+    }
+    return kept;
 }
 
 /* Which of nk children to take, drawn as Python's random.choices draws (one random() per pick
- * against the running sums, bisect right); -1 with an exception set if random() fails. */
-static Py_ssize_t draw(PyObject *random, const double *cum, Py_ssize_t nk) {
+ * against the running sums scaled to `total`, bisect right); nk when the draw falls past the
+ * children (stop: total > their sum); -1 with an exception set if random() fails. */
+static Py_ssize_t draw(PyObject *random, const double *cum, Py_ssize_t nk, double total) {
     PyObject *u = PyObject_CallNoArgs(random);
     if (!u) return -1;
-    double x = PyFloat_AsDouble(u) * cum[nk - 1];
+    double x = PyFloat_AsDouble(u) * total;
     Py_DECREF(u);
     if (PyErr_Occurred()) return -1;
+    if (x >= cum[nk - 1]) return total > cum[nk - 1] ? nk : nk - 1;
     Py_ssize_t lo = 0, hi = nk - 1;
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
@@ -165,11 +183,11 @@ static Py_ssize_t draw(PyObject *random, const double *cum, Py_ssize_t nk) {
     return lo;
 }
 
-/* {token: frequency / total} over the nk children in kid. */
-static PyObject *child_dist(const DTree *d, const int32_t *kid, Py_ssize_t nk, double total) {
+/* {token: weight / total} over the nk children in kid. */
+static PyObject *child_dist(const DTree *d, const int32_t *kid, const double *w, Py_ssize_t nk, double total) {
     PyObject *dist = PyDict_New();
     for (Py_ssize_t j = 0; dist && j < nk; j++) {
-        PyObject *k = PyLong_FromLong(d->tok[kid[j]]), *q = PyFloat_FromDouble(d->c[kid[j]] / total);
+        PyObject *k = PyLong_FromLong(d->tok[kid[j]]), *q = PyFloat_FromDouble(w[j] / total);
         if (!k || !q || PyDict_SetItem(dist, k, q) < 0) Py_CLEAR(dist);
         Py_XDECREF(k); Py_XDECREF(q);
     }
@@ -177,49 +195,56 @@ static PyObject *child_dist(const DTree *d, const int32_t *kid, Py_ssize_t nk, d
 }
 
 /* Walk the stream's draft tree of 4 x budget nodes from the root, sampling each child. */
-static PyObject *sample_walk(const Stream *s, Py_ssize_t budget, double min_prob, PyObject *random) {
+static PyObject *sample_walk(const Stream *s, Py_ssize_t budget, double min_prob, int stop, PyObject *random) {
     DTree d = {0};
     int32_t v = 0, *kid = NULL;
-    double *cum = NULL;
+    double *cum = NULL, *w = NULL;
     PyObject *toks = PyList_New(0), *qs = PyList_New(0), *dists = PyList_New(0);
     Py_ssize_t m = st_stream_locus(s, 4 * budget, &v);
     if (!toks || !qs || !dists || dtree_build(s->tree, v, m, 4 * budget, min_prob, &d) < 0) goto fail;
     kid = PyMem_Malloc(sizeof(int32_t) * (size_t)(d.n + 1));
     cum = PyMem_Malloc(sizeof(double) * (size_t)(d.n + 1));
-    if (!kid || !cum) { PyErr_NoMemory(); goto fail; }
+    w = PyMem_Malloc(sizeof(double) * (size_t)(d.n + 1));
+    if (!kid || !cum || !w) { PyErr_NoMemory(); goto fail; }
     for (Py_ssize_t node = -1, got = 0; got < budget; got++) {
-        Py_ssize_t nk = children(&d, node, kid, cum);
+        int by_p;
+        Py_ssize_t nk = children(&d, node, stop, kid, w, cum, &by_p);
         if (nk == 0) break;
-        Py_ssize_t j = draw(random, cum, nk);
+        double total = by_p && cum[nk - 1] < 1.0 ? 1.0 : cum[nk - 1]; /* 1 - sum p-hat: stop */
+        Py_ssize_t j = draw(random, cum, nk, total);
         if (j < 0) goto fail;
+        PyObject *dist = child_dist(&d, kid, w, nk, total);
+        if (!dist || PyList_Append(dists, dist) < 0) { Py_XDECREF(dist); goto fail; }
+        Py_DECREF(dist);
+        if (j == nk) break; /* drew the stop: the dist above is the last, with no token */
         Py_ssize_t c = kid[j];
-        double total = cum[nk - 1];
-        PyObject *tk = PyLong_FromLong(d.tok[c]), *q = PyFloat_FromDouble(d.c[c] / total),
-                 *dist = child_dist(&d, kid, nk, total);
-        int bad = !tk || !q || !dist || PyList_Append(toks, tk) < 0 || PyList_Append(qs, q) < 0 ||
-                  PyList_Append(dists, dist) < 0;
-        Py_XDECREF(tk); Py_XDECREF(q); Py_XDECREF(dist);
+        PyObject *tk = PyLong_FromLong(d.tok[c]), *q = PyFloat_FromDouble(w[j] / total);
+        int bad = !tk || !q || PyList_Append(toks, tk) < 0 || PyList_Append(qs, q) < 0;
+        Py_XDECREF(tk); Py_XDECREF(q);
         if (bad) goto fail;
         node = c;
     }
-    dtree_free(&d); PyMem_Free(kid); PyMem_Free(cum);
+    dtree_free(&d); PyMem_Free(kid); PyMem_Free(cum); PyMem_Free(w);
     return Py_BuildValue("(NNN)", toks, qs, dists);
 fail:
-    dtree_free(&d); PyMem_Free(kid); PyMem_Free(cum);
+    dtree_free(&d); PyMem_Free(kid); PyMem_Free(cum); PyMem_Free(w);
     Py_XDECREF(toks); Py_XDECREF(qs); Py_XDECREF(dists);
     return NULL;
 }
 
-/* sample_draft(streams, budget, min_prob, random): the stream `draft_many` would pick for this
- * row drafts; its draft tree of 4 x budget nodes is walked from the root, each child drawn in
- * proportion to its frequency among its siblings with `random()` (Python's random.choices
- * rule), for at most `budget` tokens. Returns (tokens, q of each, the distribution each was
- * drawn from as {token: q}). */
+/* sample_draft(streams, budget, min_prob, random, stop=False): the stream `draft_many` would
+ * pick for this row drafts; its draft tree of 4 x budget nodes is walked from the root, each
+ * child drawn in proportion to its frequency among its siblings with `random()` (Python's
+ * random.choices rule), for at most `budget` tokens. With `stop`, a node whose children all
+ * have a known p-hat draws them by p-hat instead, and the mass 1 - sum p-hat (if positive)
+ * ends the draft. Returns (tokens, q of each, the distribution each was drawn from as
+ * {token: q}); a draft that ended by drawing the stop has one distribution more than tokens. */
 PyObject *st_sample_draft(PyObject *self, PyObject *args) {
     PyObject *streams, *random, *out = NULL;
     Py_ssize_t budget, n;
     double min_prob;
-    if (!PyArg_ParseTuple(args, "O!ndO", &PyTuple_Type, &streams, &budget, &min_prob, &random)) return NULL;
+    int stop = 0;
+    if (!PyArg_ParseTuple(args, "O!ndO|p", &PyTuple_Type, &streams, &budget, &min_prob, &random, &stop)) return NULL;
     if (!st_is_streams(streams) || PyTuple_GET_SIZE(streams) == 0 || !PyCallable_Check(random)) {
         PyErr_SetString(PyExc_ValueError, "sample_draft needs a non-empty tuple of streams and a callable");
         return NULL;
@@ -233,7 +258,7 @@ PyObject *st_sample_draft(PyObject *self, PyObject *args) {
     double *probs = PyMem_Malloc(sizeof(double) * 2 * (size_t)budget);
     if (!toks || !probs) { PyErr_NoMemory(); goto done; }
     Py_ssize_t j = st_best_stream(streams, budget, min_prob, toks, probs, &n);
-    out = sample_walk((const Stream *)PyTuple_GET_ITEM(streams, j), budget, min_prob, random);
+    out = sample_walk((const Stream *)PyTuple_GET_ITEM(streams, j), budget, min_prob, stop, random);
 done:
     PyMem_Free(toks); PyMem_Free(probs);
     return out;

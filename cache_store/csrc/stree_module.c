@@ -66,6 +66,41 @@ static int32_t *read_tokens(PyObject *seq, Py_ssize_t tail, Py_ssize_t *k) {
     return buf;
 }
 
+/* Exactly k token probabilities from `obj` (None: NULL without an error, all unknown): each
+ * in [0, 1] or NaN (unknown). A buffer of float32 (array('f'), numpy) is copied as it is. */
+static float *read_probs(PyObject *obj, Py_ssize_t k) {
+    if (obj == Py_None) return NULL;
+    float *p = PyMem_Malloc(sizeof(float) * (size_t)(k ? k : 1));
+    if (!p) { PyErr_NoMemory(); return NULL; }
+    Py_buffer b;
+    if (PyObject_CheckBuffer(obj) && PyObject_GetBuffer(obj, &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
+        const char *f = b.format ? b.format : "B";
+        if (*f == '<' || *f == '=' || *f == '@') f++;
+        int ok = b.itemsize == 4 && b.ndim == 1 && f[0] == 'f' && !f[1] && b.len / 4 == k;
+        if (ok) memcpy(p, b.buf, sizeof(float) * (size_t)k);
+        PyBuffer_Release(&b);
+        if (!ok) goto bad;
+    } else {
+        PyErr_Clear();
+        PyObject *fast = PySequence_Fast(obj, "probs must be a sequence of floats");
+        if (!fast) { PyMem_Free(p); return NULL; }
+        if (PySequence_Fast_GET_SIZE(fast) != k) { Py_DECREF(fast); goto bad; }
+        for (Py_ssize_t i = 0; i < k; i++) {
+            double x = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
+            if (x == -1.0 && PyErr_Occurred()) { Py_DECREF(fast); PyMem_Free(p); return NULL; }
+            p[i] = (float)x;
+        }
+        Py_DECREF(fast);
+    }
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (!isnan(p[i]) && !(p[i] >= 0.0f && p[i] <= 1.0f)) goto bad;
+    return p;
+bad:
+    PyMem_Free(p);
+    PyErr_SetString(PyExc_ValueError, "probs must hold one float32 in [0, 1] (or NaN) per token");
+    return NULL;
+}
+
 /* ---------- SuffixTree ---------- */
 
 static PyObject *STree_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
@@ -86,10 +121,10 @@ static void STree_dealloc(STree *t) {
 }
 
 static PyObject *STree_add(STree *t, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"tokens", "weight", NULL};
-    PyObject *seq;
+    static char *kwlist[] = {"tokens", "weight", "probs", NULL};
+    PyObject *seq, *probs = Py_None;
     double weight = 1.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|d", kwlist, &seq, &weight)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|dO", kwlist, &seq, &weight, &probs)) return NULL;
     if (!isfinite(weight) || weight <= 0) {
         PyErr_SetString(PyExc_ValueError, "weight must be finite and > 0");
         return NULL;
@@ -97,9 +132,12 @@ static PyObject *STree_add(STree *t, PyObject *args, PyObject *kw) {
     Py_ssize_t k;
     int32_t *toks = read_tokens(seq, -1, &k);
     if (!toks) return NULL;
+    float *p = read_probs(probs, k);
+    if (!p && PyErr_Occurred()) { PyMem_Free(toks); return NULL; }
     int32_t s = st_seq_new(t, weight);
     int rc = s < 0 ? -1 : st_seq_push(t, s, toks, k);
-    PyMem_Free(toks);
+    if (rc == 0 && p) rc = st_seq_set_probs(t, s, 0, p, k);
+    PyMem_Free(toks); PyMem_Free(p);
     if (rc < 0 || st_add_windows(t, s) < 0) return NULL;
     return PyLong_FromLong(s);
 }
@@ -156,6 +194,15 @@ static PyObject *STree_sequence(STree *t, PyObject *arg) {
     return PyBytes_FromStringAndSize((const char *)s->tok, (Py_ssize_t)sizeof(int32_t) * s->len);
 }
 
+static PyObject *STree_sequence_probs(STree *t, PyObject *arg) {
+    Py_ssize_t i = PyLong_AsSsize_t(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i < 0 || i >= t->nseq) { PyErr_SetString(PyExc_IndexError, "no such sequence"); return NULL; }
+    const Seq *s = &t->seqs[i];
+    if (!s->p) Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize((const char *)s->p, (Py_ssize_t)sizeof(float) * s->len);
+}
+
 /* Every node as (parent, first token, depth, F, in flight, child sum), for tests. */
 static PyObject *STree_dump(STree *t, PyObject *unused) {
     PyObject *out = PyList_New(0);
@@ -178,7 +225,8 @@ static PyObject *STree_memory_bytes(STree *t, PyObject *unused) {
     size_t b = sizeof(STree) + sizeof(SNode) * (size_t)t->cap + sizeof(int32_t) * (size_t)t->hcap +
                sizeof(Seq) * (size_t)t->seqcap + sizeof(Win) * (size_t)t->blockcap * t->max_depth +
                sizeof(Flight) * (size_t)t->fcap;
-    for (int32_t s = 0; s < t->nseq; s++) b += sizeof(int32_t) * (size_t)t->seqs[s].cap;
+    for (int32_t s = 0; s < t->nseq; s++)
+        b += (sizeof(int32_t) + (t->seqs[s].p ? sizeof(float) : 0)) * (size_t)t->seqs[s].cap;
     return PyLong_FromSize_t(b);
 }
 
@@ -191,7 +239,7 @@ static PyObject *STree_get_live(STree *t, void *c) { return PyLong_FromLong(t->l
 
 static PyMethodDef STree_methods[] = {
     {"add", (PyCFunction)(void (*)(void))STree_add, METH_VARARGS | METH_KEYWORDS,
-     "add(tokens, weight=1.0) -> sequence id: insert a finished sequence"},
+     "add(tokens, weight=1.0, probs=None) -> sequence id: insert a finished sequence"},
     {"stream", (PyCFunction)STree_stream, METH_NOARGS, "stream() -> Stream for a live sequence (weight 1)"},
     {"count", (PyCFunction)STree_count, METH_O, "count(path) -> float"},
     {"draft", (PyCFunction)(void (*)(void))STree_draft, METH_VARARGS | METH_KEYWORDS,
@@ -199,6 +247,8 @@ static PyMethodDef STree_methods[] = {
     {"draft_tree", (PyCFunction)(void (*)(void))STree_draft_tree, METH_VARARGS | METH_KEYWORDS,
      "draft_tree(context, budget=16, min_prob=0.1) -> (tokens, parents, probs, match_len)"},
     {"sequence", (PyCFunction)STree_sequence, METH_O, "sequence(i) -> its tokens as native int32 bytes"},
+    {"sequence_probs", (PyCFunction)STree_sequence_probs, METH_O,
+     "sequence_probs(i) -> its token probabilities as native float32 bytes, or None"},
     {"_dump", (PyCFunction)STree_dump, METH_NOARGS, "nodes as (parent, first token, depth, F, in flight, child sum)"},
     {"trim", (PyCFunction)STree_trim, METH_NOARGS, "trim(): give back memory reserved for growth"},
     {"memory_bytes", (PyCFunction)STree_memory_bytes, METH_NOARGS, "bytes allocated by the tree"},
@@ -227,13 +277,18 @@ static PyTypeObject STreeType = {
 
 /* ---------- Stream ---------- */
 
-static PyObject *Stream_extend(Stream *s, PyObject *seq) {
+static PyObject *Stream_extend(Stream *s, PyObject *args) {
+    PyObject *seq, *probs = Py_None;
+    if (!PyArg_ParseTuple(args, "O|O", &seq, &probs)) return NULL;
     if (s->closed) { PyErr_SetString(PyExc_ValueError, "the stream is closed"); return NULL; }
     Py_ssize_t k;
     int32_t *toks = read_tokens(seq, -1, &k);
     if (!toks) return NULL;
+    float *p = read_probs(probs, k);
+    if (!p && PyErr_Occurred()) { PyMem_Free(toks); return NULL; }
     int rc = st_stream_append(s, toks, k);
-    PyMem_Free(toks);
+    if (rc == 0 && p) rc = st_seq_set_probs(s->tree, s->seq, s->tree->seqs[s->seq].len - k, p, k);
+    PyMem_Free(toks); PyMem_Free(p);
     if (rc < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -272,7 +327,8 @@ static PyObject *Stream_get_seq(Stream *s, void *c) { return PyLong_FromLong(s->
 static PyObject *Stream_get_len(Stream *s, void *c) { return PyLong_FromLong(s->tree->seqs[s->seq].len); }
 
 static PyMethodDef Stream_methods[] = {
-    {"extend", (PyCFunction)Stream_extend, METH_O, "extend(tokens): append and insert every window"},
+    {"extend", (PyCFunction)Stream_extend, METH_VARARGS,
+     "extend(tokens, probs=None): append (with each token's probability) and insert every window"},
     {"close", (PyCFunction)Stream_close, METH_NOARGS, "close(): the sequence is finished"},
     {"draft", (PyCFunction)(void (*)(void))Stream_draft, METH_VARARGS | METH_KEYWORDS,
      "draft(budget=16, min_prob=0.1) -> (tokens, probs, match_len), continuing this sequence"},
@@ -301,7 +357,7 @@ static PyMethodDef module_methods[] = {
      "feed_many(streams, ids, slots, starts, ends, limits, eos, drafts) -> (fed, accepted)"},
     {"draft_many", st_draft_many, METH_VARARGS, "draft_many(streams, rooms, min_prob) -> drafts"},
     {"sample_draft", st_sample_draft, METH_VARARGS,
-     "sample_draft(streams, budget, min_prob, random) -> (tokens, qs, dists)"},
+     "sample_draft(streams, budget, min_prob, random, stop=False) -> (tokens, qs, dists)"},
     {NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stree", "Compiled core of cache_store.suffix_tree.", -1,

@@ -47,6 +47,9 @@ int st_trim(STree *t) {
     for (int32_t i = 0; i < t->nseq; i++) {
         Seq *q = &t->seqs[i];
         if (q->stream >= 0 || q->cap == q->len || q->len == 0) continue;
+        float *f = q->p ? PyMem_Realloc(q->p, sizeof(float) * (size_t)q->len) : NULL;
+        if (f) q->p = f;
+        else if (q->p) continue; /* keep both arrays at one capacity */
         int32_t *a = PyMem_Realloc(q->tok, sizeof(int32_t) * (size_t)q->len);
         if (a) { q->tok = a; q->cap = q->len; }
     }
@@ -67,7 +70,7 @@ int st_init(STree *t, int32_t max_depth) {
 }
 
 void st_free(STree *t) {
-    for (int32_t s = 0; s < t->nseq; s++) PyMem_Free(t->seqs[s].tok);
+    for (int32_t s = 0; s < t->nseq; s++) { PyMem_Free(t->seqs[s].tok); PyMem_Free(t->seqs[s].p); }
     PyMem_Free(t->seqs); PyMem_Free(t->nodes); PyMem_Free(t->hslots); PyMem_Free(t->wins);
     PyMem_Free(t->fmap);
     t->seqs = NULL; t->nodes = NULL; t->hslots = NULL; t->wins = NULL; t->fmap = NULL;
@@ -191,7 +194,7 @@ int32_t st_seq_new(STree *t, double weight) {
         t->seqs = s; t->seqcap = cap;
     }
     Seq *s = &t->seqs[t->nseq];
-    s->tok = NULL; s->len = 0; s->cap = 0; s->stream = -1; s->weight = weight;
+    s->tok = NULL; s->p = NULL; s->len = 0; s->cap = 0; s->stream = -1; s->weight = weight;
     return t->nseq++;
 }
 
@@ -204,11 +207,32 @@ int st_seq_push(STree *t, int32_t s, const int32_t *tok, Py_ssize_t k) {
         int64_t cap = q->cap < 16 ? 16 : (int64_t)q->cap * 2;
         if (cap < q->len + k) cap = q->len + k;
         if (cap > INT32_MAX) cap = INT32_MAX;
+        if (q->p) {
+            float *f = PyMem_Realloc(q->p, sizeof(float) * (size_t)cap);
+            if (!f) { PyErr_NoMemory(); return -1; }
+            q->p = f;
+        }
         int32_t *a = PyMem_Realloc(q->tok, sizeof(int32_t) * (size_t)cap);
         if (!a) { PyErr_NoMemory(); return -1; }
         q->tok = a; q->cap = (int32_t)cap;
     }
     memcpy(q->tok + q->len, tok, sizeof(int32_t) * (size_t)k);
+    if (q->p)
+        for (Py_ssize_t i = 0; i < k; i++) q->p[q->len + i] = NAN;
     q->len += (int32_t)k;
+    return 0;
+}
+
+/* Set the probabilities of tokens [from, from + k) of sequence s (already pushed); the array
+ * is made on first use, unknown (NaN) everywhere else. */
+int st_seq_set_probs(STree *t, int32_t s, Py_ssize_t from, const float *p, Py_ssize_t k) {
+    Seq *q = &t->seqs[s];
+    if (k == 0) return 0;
+    if (!q->p) {
+        q->p = PyMem_Malloc(sizeof(float) * (size_t)(q->cap ? q->cap : 1));
+        if (!q->p) { PyErr_NoMemory(); return -1; }
+        for (int32_t i = 0; i < q->len; i++) q->p[i] = NAN;
+    }
+    memcpy(q->p + from, p, sizeof(float) * (size_t)k);
     return 0;
 }

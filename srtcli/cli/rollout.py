@@ -45,6 +45,10 @@ from srtcli.rollout.drafters import DRAFTERS
 @click.option("--shared-tree/--no-shared-tree", default=default("shared_tree"), show_default=True,
               help="srt: also draft from one run-wide tree over every prompt's outputs "
                    "when it predicts more than the prompt's own tree (docs/rollout.md).")
+@click.option("--draft-stop/--no-draft-stop", default=default("draft_stop"), show_default=True,
+              help="srt sample mode: draw children by the probability the policy gave them when "
+                   "they were stored, and let the mass left over end the draft (exact; fewer "
+                   "rejected tokens verified; docs/rollout.md).")
 @click.option("--adaptive-budget/--fixed-budget", default=default("adaptive_budget"),
               help="Adapt each sequence's draft length to what it had accepted (<= --budget) "
                    "[default: adaptive on CPU, where every verified token costs FLOPs; fixed with "

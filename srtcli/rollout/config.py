@@ -31,6 +31,7 @@ class RolloutConfig:
     min_prob: float = 0.1
     draft_mode: str = "sample"
     shared_tree: bool = True
+    draft_stop: bool = True
     adaptive_budget: bool | None = None  # None: by device (`adaptive`)
     cache_opt: str | None = None  # None: $SRT_CACHE or ~/.cache/srt
     out: str = "pool"

@@ -1,13 +1,18 @@
 """`sample_draft`, the embedded srt drafter's default draft in one compiled call, is exactly the
 Python walk it replaces: the stream `best_draft` picks, its draft tree of 4 x budget nodes,
 each child drawn with `random.choices` over the children the tree lists. Same tokens, same q,
-same distributions, the same number of draws from the generator; bad arguments refused."""
+same distributions, the same number of draws from the generator; bad arguments refused.
+
+With `stop`, children are drawn by the probability stored with their token (p-hat) and the
+mass left over ends the draft; the reference walk reads p-hat from the rule the sequences were
+stored with (a function of the token and the one before it, so every occurrence agrees)."""
 
 from __future__ import annotations
 
 import math
 import random
 from collections import Counter
+from bisect import bisect_right
 from itertools import accumulate
 
 import pytest
@@ -34,18 +39,60 @@ def reference(streams, budget, min_prob, rng):
     return toks, qs, dists
 
 
+def p_hat(prev: int, tok: int) -> float:
+    """The probability stored with `tok` after `prev` (exact in float32; 0 = tool output)."""
+    return ((prev * 7 + tok * 3) % 9) / 16
+
+
+def probs_of(tokens: list[int]) -> list[float]:
+    return [math.nan] + [p_hat(a, b) for a, b in zip(tokens, tokens[1:])]
+
+
+def stop_reference(streams, last, budget, min_prob, rng):
+    """The stop walk in Python: children by p-hat (those of p-hat 0 left out), normalised only
+    when they sum past 1; a draw past them is the stop."""
+    stream, _ = best_draft(streams, budget, min_prob)
+    dt = stream.draft_tree(budget=4 * budget, min_prob=min_prob)
+    kids = {}
+    for i, par in enumerate(dt.parents):
+        kids.setdefault(par, []).append(i)
+    toks, qs, dists, node, prev = [], [], [], -1, last
+    while len(toks) < budget and node in kids:
+        idx = [i for i in kids[node] if p_hat(prev, dt.tokens[i]) > 0]
+        if not idx:
+            break
+        w = [p_hat(prev, dt.tokens[i]) for i in idx]
+        cum = list(accumulate(w))
+        total = max(cum[-1], 1.0)
+        dists.append({dt.tokens[i]: x / total for i, x in zip(idx, w)})
+        j = bisect_right(cum, rng.random() * total)
+        if j == len(idx) and total > cum[-1]:
+            break
+        j = min(j, len(idx) - 1)
+        node, prev = idx[j], dt.tokens[idx[j]]
+        toks.append(prev)
+        qs.append(w[j] / total)
+    return toks, qs, dists
+
+
 def random_streams(rng):
     """A prompt tree and a run-wide tree with stored and live sequences, and one row's streams."""
+    return build_streams(rng, False)[0]
+
+
+def build_streams(rng, probs: bool):
+    """`random_streams` and the row's tokens; with `probs`, every token stored with its `p_hat`."""
     own, shared = SuffixTree(64), SuffixTree(24)
     vocab = rng.choice([2, 3, 6, 20])
     for tree in (own, shared):
         for _ in range(rng.randint(0, 6)):
-            tree.add([rng.randrange(vocab) for _ in range(rng.randint(1, 40))], rng.choice([1.0, 0.5, 0.25]))
+            seq = [rng.randrange(vocab) for _ in range(rng.randint(1, 40))]
+            tree.add(seq, rng.choice([1.0, 0.5, 0.25]), probs_of(seq) if probs else None)
     row = (own.stream(), shared.stream())
-    tokens = [rng.randrange(vocab) for _ in range(rng.randint(0, 30))]
+    tokens = [rng.randrange(vocab) for _ in range(rng.randint(int(probs), 30))]
     for s in row:
-        s.extend(tokens)
-    return row
+        s.extend(tokens, probs_of(tokens) if probs else None)
+    return row, tokens
 
 
 def test_sample_draft_is_the_python_walk():
@@ -56,6 +103,35 @@ def test_sample_draft_is_the_python_walk():
         a, b = random.Random(case), random.Random(case)
         assert sample_draft(row, budget, min_prob, a.random) == reference(row, budget, min_prob, b)
         assert a.random() == b.random()  # as many draws on both sides
+
+
+def test_stop_draws_children_by_their_stored_probability_and_the_rest_stops():
+    rng = random.Random(5)
+    stops = 0
+    for case in range(300):
+        row, tokens = build_streams(rng, True)
+        budget, min_prob = rng.randint(1, 8), rng.choice([0.0, 0.1, 0.3])
+        a, b = random.Random(case), random.Random(case)
+        got = sample_draft(row, budget, min_prob, a.random, stop=True)
+        assert got == stop_reference(row, tokens[-1], budget, min_prob, b)
+        assert a.random() == b.random()
+        stops += len(got[2]) > len(got[0])
+    assert stops > 30  # the stop is drawn, not just possible
+
+
+def test_stop_falls_back_to_counts_where_a_childs_probability_is_unknown():
+    tree = SuffixTree(16)
+    tree.add([5, 1, 2], 3.0, [math.nan, 0.25, 0.5])
+    tree.add([5, 3, 4], 1.0)  # stored without probabilities
+    row = (tree.stream(),)
+    row[0].extend([5])
+    assert sample_draft(row, 1, 0.0, random.Random(0).random, stop=True)[2] == [{1: 0.75, 3: 0.25}]
+    known = SuffixTree(16)
+    known.add([5, 1, 2], 3.0, [math.nan, 0.25, 0.5])
+    known.add([5, 3, 4], 1.0, [math.nan, 0.5, 1.0])
+    row = (known.stream(),)
+    row[0].extend([5])
+    assert sample_draft(row, 1, 0.0, random.Random(0).random, stop=True)[2] == [{1: 0.25, 3: 0.5}]
 
 
 def test_the_first_token_follows_the_trees_child_frequencies():

@@ -8,7 +8,9 @@ pending) and `close()` at the end.
 
 A `Proposal` with `q=None` is deterministic (verified as a point mass); one with `q` set was
 *sampled* from the distributions in `dists` (verified with the ratio rule,
-`srtcli.rollout.engine.verify`). One with `parents` set is a tree of deterministic candidates
+`srtcli.rollout.engine.verify`). A sampled draft may also have ended by drawing "stop" from a
+defective distribution (mass < 1): `dists` then has one entry more than `tokens`, and the
+verifier samples the token at that position from the residual. One with `parents` set is a tree of deterministic candidates
 (`srtcli.rollout.engine.tree_verify`).
 """
 
@@ -28,9 +30,16 @@ class Proposal:
     dists: list[dict[int, float]] | None = None
     parents: list[int] | None = None
 
+    @property
+    def stopped(self) -> bool:
+        """A sampled draft that ended by drawing "stop" (its last distribution has no token)."""
+        return self.dists is not None and len(self.dists) > len(self.tokens)
+
     def truncate(self, n: int) -> "Proposal":
-        """The first n tokens (for a tree: the first n nodes, still a tree)."""
-        if len(self.tokens) <= n:
+        """The first n tokens (for a tree: the first n nodes, still a tree). A cut at n drops
+        whatever was drawn at position n, a stop too: a draw kept only when it stopped would
+        bias the token there."""
+        if len(self.tokens) < n or (len(self.tokens) == n and not self.stopped):
             return self
         q = None if self.q is None else self.q[:n]
         dists = None if self.dists is None else self.dists[:n]

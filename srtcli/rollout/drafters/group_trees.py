@@ -48,9 +48,9 @@ def newest(tree: SuffixTree, sequences: int, tokens: int) -> SuffixTree:
         toks = tree.sequence(i)
         if len(toks) > left:
             break
-        keep.append(toks)
+        keep.append((toks, 1.0, tree.sequence_probs(i)))
         left -= len(toks)
-    return SuffixTree.from_sequences(((t, 1.0) for t in reversed(keep)), tree.max_depth)
+    return SuffixTree.from_sequences(reversed(keep), tree.max_depth)
 
 
 @dataclass
@@ -66,6 +66,10 @@ class Group:
     def new_sequences(self) -> list:
         """The tokens of the sequences this run added (anchor first), as they are now."""
         return [self.tree.sequence(i) for i in self.added]
+
+    def new_probs(self) -> list:
+        """Their tokens' probabilities (None for a sequence streamed without them)."""
+        return [self.tree.sequence_probs(i) for i in self.added]
 
 
 class GroupTrees:
@@ -128,8 +132,8 @@ class GroupTrees:
         group's sequences are read now, so tokens streamed after it retired are kept too."""
         committed = self.store is not None and self.writer and bool(self.pending)
         if committed:
-            self.store.append_many({uid: [s for g in gs for s in g.new_sequences()]
-                                    for uid, gs in self.pending.items()})
+            self.store.append_many({uid: [s for g in gs for s in g.new_sequences()] for uid, gs in self.pending.items()},
+                                   {uid: [p for g in gs for p in g.new_probs()] for uid, gs in self.pending.items()})
         self.pending = {}
         return committed
 

@@ -11,6 +11,11 @@ Three exact ways to draft (see `srtcli.rollout.engine.verify`, `srtcli.rollout.e
 - `mode="sample"`: sample each child in proportion to its count among the children the tree
   lists (`SuffixTree.draft_tree`), recording q; verified with the ratio rule. One compiled
   call (`cache_store.suffix_tree.sample_draft`) picks the stream as `best_draft` does and walks.
+  With `stop` (the default), where the tree knows the policy's probability of every child
+  (p-hat, recorded with each token it stores), children are drawn by p-hat instead and the
+  mass left over ends the draft: a draft stops where it would likely have been rejected, so
+  fewer verified tokens are wasted (the verifier then samples the next token from the
+  residual, which keeps the output distribution exact).
 - `mode="tree"`: the best-first draft tree itself (`SuffixTree.draft_tree`, `budget` nodes),
   verified as a tree: several candidates per position in one forward.
 bench/rollout_bench.py measures both (`srt` = sample, `srt-greedy`); sampling accepted more
@@ -19,6 +24,7 @@ tokens per forward on the bundled workload, so it is the default.
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any
 
@@ -57,10 +63,12 @@ class SrtDrafter(Drafter):
     name = "srt"
 
     def __init__(self, store: Any = None, min_prob: float = 0.1, mode: str = "sample", seed: int = 0,
-                 commit_every: int = 8, shared: bool = True):
+                 commit_every: int = 8, shared: bool = True, stop: bool = True, probs: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
-        self.min_prob, self.mode = min_prob, mode
+        self.min_prob, self.mode, self.stop = min_prob, mode, stop
+        # the sequences' log-probs are the policy's (sampling), not greedy's 0.0: record them
+        self.probs = probs
         # the run-wide shared tree (every output of this run, all prompts mixed, not persisted)
         # drafts where the prompt's own tree knows less: a cold prompt, text shared across prompts
         self.trees = GroupTrees(store, shared, commit_every)
@@ -73,15 +81,14 @@ class SrtDrafter(Drafter):
         # the sequence keeps its streams (and through them its trees: a run-ahead sequence may
         # outlive its group); they hold everything after the prompt, from the start on
         seq.drafter_state = self.trees.streams(g, seq.prompt_ids[-1])
-        for s in seq.drafter_state:
-            s.extend(seq.output)
+        self._feed(seq, seq.output)
 
     def propose(self, seq: Any, budget: int) -> Proposal:
         # the streams hold the sequence's tokens (anchor first): a step costs the same at token
         # 16,000 as at token 16
         if self.mode == "sample":
-            toks, qs, dists = sample_draft(seq.drafter_state, budget, self.min_prob, self.rng.random)
-            return Proposal(toks, qs, dists) if toks else Proposal([])
+            toks, qs, dists = sample_draft(seq.drafter_state, budget, self.min_prob, self.rng.random, self.stop)
+            return Proposal(toks, qs, dists) if dists else Proposal([])
         stream, best = best_draft(seq.drafter_state, budget, self.min_prob)
         if self.mode == "greedy":
             return Proposal(best.tokens)
@@ -89,8 +96,19 @@ class SrtDrafter(Drafter):
         return Proposal(dt.tokens, parents=dt.parents)
 
     def extend(self, seq: Any, tokens: list[int]) -> None:
+        self._feed(seq, tokens)
+
+    def _feed(self, seq: Any, tokens: list[int]) -> None:
+        """Feed tokens just appended to the sequence to its streams, with the probability the
+        policy gave each (0 for tool output, which is never drafted)."""
+        n = len(tokens)
+        if n == 0:
+            return
+        probs = None
+        if self.probs and len(seq.logprobs) == len(seq.tokens) == len(seq.mask) and seq.tokens[-n:] == tokens:
+            probs = [math.exp(lp) if m else 0.0 for lp, m in zip(seq.logprobs[-n:], seq.mask[-n:])]
         for s in seq.drafter_state:
-            s.extend(tokens)
+            s.extend(tokens, probs)
 
     def end(self, seq: Any) -> None:
         seq.drafter_state = None

@@ -15,6 +15,10 @@ How the draft was made decides q:
 - deterministic (the most frequent child, a prompt-lookup match): q is a point mass on x, so the
   rule accepts with probability p(x) and the residual is p with x removed. This is exact for
   any draft fixed before verification, however it was chosen.
+- stopped: a sampled draft may end by drawing "stop" from a q of mass below 1 (the rest is the
+  stop). That is a draft token p never emits, so it is always rejected and the token there is
+  sampled from the residual (p - q)+: P(y) = min(p, q)(y) + (1 - sum min(p, q)) (p - q)+(y) / Z
+  = p(y), since Z = 1 - sum min(p, q). Sampling p there instead would be biased.
 
 Mixing them is biased: a deterministic most-frequent-child draft verified as if drawn from its
 child frequencies C (q = C) fails a chi-square test, which the tests show.
@@ -52,7 +56,8 @@ def verify_drafts(p: torch.Tensor, draft: torch.Tensor, draft_len: torch.Tensor,
     """Verify drafts. p: [b, K, V] shaped target probs (row r uses positions 0..d_r);
     draft: [b, K-1] token ids (padding ignored); draft_len: [b]; q_tok: [b, K-1] q(x_k) of
     sampled drafts and q_dist: [b, K-1, V] their proposal distributions (None: every draft is
-    a point mass)."""
+    a point mass). A sampled row whose q_dist is non-zero at position draft_len ended by
+    drawing "stop" from that defective q there."""
     b, kk, vocab = p.shape
     n = kk - 1
     if q_tok is None:
@@ -61,7 +66,11 @@ def verify_drafts(p: torch.Tensor, draft: torch.Tensor, draft_len: torch.Tensor,
     accepted, _ = _accepted(p, draft, q_tok.masked_fill(beyond, math.inf), generator)
     rows = torch.arange(b, device=p.device)
     dist = p[rows, accepted]
-    rejected = (accepted < draft_len).nonzero().squeeze(-1)
+    rejected = accepted < draft_len
+    if q_dist is not None and n:  # a stop drawn at position draft_len: q non-zero there
+        stop = q_dist[rows, accepted.clamp(max=n - 1)].sum(-1) > 0
+        rejected |= (accepted == draft_len) & (accepted < n) & stop
+    rejected = rejected.nonzero().squeeze(-1)
     if len(rejected):
         at = accepted[rejected]
         if q_dist is None:
@@ -88,7 +97,7 @@ def verify_chains(p: torch.Tensor, props: list[Any], generator: torch.Generator,
     accepted = acc_t.tolist()
     dist = p.reshape(b * kk, vocab).index_select(0, longs([r * kk + a for r, a in enumerate(accepted)]).to(device))
     kept = dist
-    rejected = [r for r, (a, pr) in enumerate(zip(accepted, props)) if a < len(pr.tokens)]
+    rejected = [r for r, (a, pr) in enumerate(zip(accepted, props)) if a < len(pr.tokens) or (a == len(pr.tokens) and pr.stopped)]
     if rejected:
         kept, at = dist.clone(), longs(rejected).to(device)
         q_at = _proposal_at(props, drafts, accepted, rejected, vocab, device)

@@ -43,7 +43,9 @@ def data(models, tmp_path_factory):
 
 def _check(a, b):
     (la, ga), (lb, gb) = a, b
-    assert abs(la - lb) <= TOL * max(abs(lb), 1e-3), (la, lb)
+    # the loss is a sum of signed terms that can cancel to near 0 (-0.0017 with KL 0.1): its
+    # float32 rounding is relative to the terms, so the floor is the terms' scale, not 0
+    assert abs(la - lb) <= TOL * max(abs(lb), 1e-2), (la, lb)
     assert rel_diff(ga, gb) <= TOL
 
 

@@ -1,6 +1,7 @@
 """End-to-end sampling exactness on a tiny real model: the distribution of whole continuations
 generated with drafting equals the model's own (enumerated exactly), and the naive biased rule
-(greedy drafts verified with C as q) fails the same chi-square test."""
+(greedy drafts verified with C as q) fails the same chi-square test, as does sampling p where a
+draft drew its stop."""
 
 from __future__ import annotations
 
@@ -75,15 +76,35 @@ class SeedDrafter(SrtDrafter):
         return Proposal(d.tokens, list(d.probs), [{t: q} for t, q in zip(d.tokens, d.probs)])
 
 
+class Stops(SrtDrafter):
+    """The default sample mode, counting the drafts that ended by drawing their stop; with
+    `wrong`, such a draft loses its stop (the token there then comes from p: biased)."""
+
+    def __init__(self, wrong: bool = False, **kw):
+        super().__init__(mode="sample", min_prob=0.3, **kw)  # fewer children listed: more stops
+        self.wrong, self.stops = wrong, 0
+
+    def propose(self, seq, budget):
+        prop = super().propose(seq, budget)
+        self.stops += prop.stopped
+        if self.wrong and prop.stopped:
+            return Proposal(prop.tokens, prop.q, prop.dists[: len(prop.tokens)])
+        return prop
+
+
 @pytest.mark.parametrize("draft,params,groups", [
     ("srt-greedy", SamplingParams(1.0), 1),
     ("srt-sample", SamplingParams(1.0), 1),
+    ("srt-counts", SamplingParams(1.0), 1),
     ("srt-sample", SamplingParams(1.0), 16),
     ("ngram", SamplingParams(0.8, top_k=4, top_p=0.9), 1),
     ("srt-greedy", SamplingParams(0.7, top_p=0.85), 16),
 ])
 def test_drafted_sampling_matches_the_model_exactly(model, draft, params, groups):
-    drafter = (SrtDrafter(mode=draft.split("-")[1]) if draft.startswith("srt") else make_drafter(draft))
+    if draft == "srt-counts":  # children drawn by their counts, never a stop
+        drafter = SrtDrafter(mode="sample", stop=False)
+    else:
+        drafter = SrtDrafter(mode=draft.split("-")[1]) if draft.startswith("srt") else make_drafter(draft)
     counts, eng = sample(model, drafter, params, groups=groups)
     assert eng.stats.accepted > 0.02 * N  # drafting was really exercised
     assert fit(counts, exact(model, params)) > 1e-3
@@ -93,4 +114,16 @@ def test_the_seeds_rule_is_caught_end_to_end(model):
     params = SamplingParams(1.0)
     counts, eng = sample(model, SeedDrafter(), params)
     assert eng.stats.accepted > 0.2 * N
+    assert fit(counts, exact(model, params)) < 1e-6
+
+
+def test_drafts_that_stop_are_exact_and_sampling_p_at_the_stop_is_caught(model):
+    params = SamplingParams(1.0)
+    ok = Stops()
+    counts, eng = sample(model, ok, params)
+    assert ok.stops > 0.1 * N and eng.stats.accepted > 0.2 * N
+    assert fit(counts, exact(model, params)) > 1e-3
+    wrong = Stops(wrong=True)
+    counts, _ = sample(model, wrong, params)
+    assert wrong.stops > 0.1 * N
     assert fit(counts, exact(model, params)) < 1e-6

@@ -4,7 +4,8 @@ distribution shaping against transformers' own logits processors.
 Every test batches many independent rows through `verify_drafts` at once and compares the
 emitted tokens with the target p by a chi-square test at a fixed seed. The deliberately wrong
 mix (the ratio rule with a deterministic draft and q = the tree's child frequencies, as the
-design seed proposed) must fail the same test.
+design seed proposed) must fail the same test, and so must sampling p (not the residual)
+where a draft drew "stop".
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ N = 60_000
 P0 = torch.tensor([0.10, 0.45, 0.05, 0.30, 0.10])
 P1 = torch.tensor([0.25, 0.05, 0.40, 0.10, 0.20])
 C0 = torch.tensor([0.05, 0.15, 0.00, 0.80, 0.00])  # a tree's child frequencies, unlike P0
+Q0 = torch.tensor([0.02, 0.40, 0.00, 0.20, 0.00])  # a defective q (mass 0.62): the rest is "stop"
 
 
 def p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -76,6 +78,38 @@ def test_the_seeds_mix_c_as_q_with_greedy_drafts_is_caught():
     q_tok = C0[draft][:, None]
     q_dist = C0.expand(N, 1, 5).contiguous()
     first, _ = run_chain(draft, q_tok=q_tok, q_dist=q_dist)
+    assert p_value(counts(first), P0) < 1e-6
+
+
+def stop_drafts(seed: int = 1):
+    """Per row, one draw from Q0 plus its stop mass: a 1-token draft, or a stop at position 0
+    (draft length 0, Q0 still the proposal there)."""
+    g = torch.Generator().manual_seed(seed)
+    pick = torch.multinomial(torch.cat([Q0, 1 - Q0.sum(0, keepdim=True)]), N, replacement=True, generator=g)
+    stopped = pick == 5
+    draft = pick.clamp(max=4)
+    return draft, stopped
+
+
+def run_stops(draft, stopped, q_at_stop: torch.Tensor, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    p = torch.stack([P0, P1])[None].expand(N, 2, 5).contiguous()
+    q_dist = torch.where(stopped[:, None, None], q_at_stop, Q0).expand(N, 1, 5).contiguous()
+    v = verify_drafts(p, draft[:, None], (~stopped).long(), g, Q0[draft][:, None], q_dist)
+    return torch.where(v.accepted == 1, draft, v.final)
+
+
+def test_a_draft_that_drew_stop_samples_the_residual_and_is_exact():
+    draft, stopped = stop_drafts()
+    first = run_stops(draft, stopped, Q0)
+    assert p_value(counts(first), P0) > 1e-3
+    assert 0.35 < stopped.double().mean() < 0.41
+
+
+def test_sampling_p_after_a_stop_is_caught():
+    # the wrong variant: a stop treated as "no draft here", so the token comes from p itself
+    draft, stopped = stop_drafts()
+    first = run_stops(draft, stopped, torch.zeros(5))
     assert p_value(counts(first), P0) < 1e-6
 
 
@@ -135,7 +169,7 @@ def test_shaping_matches_transformers_processors():
 def test_the_engines_list_form_gives_the_tensor_forms_verdicts():
     # verify_chains (proposals as lists, the residual built only for rejecting rows) must draw
     # exactly what verify_drafts draws for the same batch: point-mass rows there are q(x) = 1
-    # with a one-hot proposal distribution
+    # with a one-hot proposal distribution; stopped rows carry their last q past the draft
     from srtcli.rollout.drafters.base import Proposal
     from srtcli.rollout.engine.verify import verify_chains
 
@@ -146,11 +180,13 @@ def test_the_engines_list_form_gives_the_tensor_forms_verdicts():
     for r in range(b):
         d = r % (n + 1)
         toks = torch.randint(0, vocab, (d,), generator=gen).tolist()
-        if r % 2:  # sampled from a known q
-            dists = [dict(enumerate(torch.softmax(torch.randn(vocab, generator=gen), -1).tolist())) for _ in toks]
+        if r % 2:  # sampled from a known q; some stopped, with a q of mass 0.6 after the last token
+            stop = r % 3 == 0 and d < n
+            mass = [1.0] * d + [0.6] * stop
+            dists = [dict(enumerate((m * torch.softmax(torch.randn(vocab, generator=gen), -1)).tolist())) for m in mass]
             props.append(Proposal(toks, [dist[t] for dist, t in zip(dists, toks)], dists))
-            for k, (t, dist) in enumerate(zip(toks, dists)):
-                q_tok[r, k] = dist[t]
+            for k, dist in enumerate(dists):
+                q_tok[r, k] = dist[toks[k]] if k < d else 1.0
                 q_dist[r, k] = torch.tensor([dist[v] for v in range(vocab)])
         else:
             props.append(Proposal(toks))
