@@ -12,7 +12,8 @@
 #      windows and softcaps, against HF's own generate and forward on the same device; the
 #      engine's CUDA KV-memory check runs with them);
 #   3. runs bench/rollout_bench.py with the embedded engine on CUDA (bundled workload, K = 8,
-#      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs; both runs
+#      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs (`srt` drafts
+#      by p-hat with stops, `srt-counts` by counts: which one the CUDA default should be); both runs
 #      include the `arctic` config (ArcticInference's SuffixDecoding) where arctic_inference is
 #      installed. The GPU image does not have it and the package index has no binary wheel of
 #      arctic-inference 0.3 for the image's Python, so there the bench prints one line and
@@ -75,7 +76,7 @@ timeout 200 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --too
 
 step "rollout bench, $DEV, batch 8"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 16 --epochs 3 --tools -n 8 --max-new-tokens 96 \
-    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-adaptive,srt-tree-wide,srt-tree-48,arctic \
+    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-counts,srt-adaptive,srt-tree-wide,srt-tree-48,arctic \
     --json-out "$OUT/rollout_${DEV}_b8.json" 2>&1 | tee "$OUT/rollout_${DEV}_b8.log" | tail -20
 step "profile: where a step's time goes (host Python vs the model), none and srt, batch 32"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \

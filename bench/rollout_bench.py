@@ -13,7 +13,10 @@ same epoch. Targets: epoch 1 srt costs <= 5% over none; at epoch 3 srt >= 2.5x n
 and >= 1.3x suffix; at epoch 3 srt >= 1.3x arctic in speed and >= 1.5x in forwards; `none` at
 least as fast as HF generate. Not a test; timings are noisy on a shared machine.
 
-`srt-tree`, `srt-tree-wide` and `srt-tree-48` verify a draft tree of 16, 32 and 48 nodes; the
+`srt` samples its drafts by the policy probabilities the tree stored (p-hat) and stops with the
+leftover mass; `srt-counts` (`--no-draft-stop`) samples by the children's counts, as srt did
+before it stored p-hat. `srt-tree`, `srt-tree-wide` and `srt-tree-48` verify a draft tree of
+16, 32 and 48 nodes; the
 last is only run when named in `--configs` (it costs the most compute per forward). The summary
 prints each srt config's forwards against `arctic`, and host time (wall minus model time) per
 forward and per generated token, srt against `none`.
