@@ -215,7 +215,8 @@ def draft_many(streams: list[tuple], rooms: Any, min_prob: float) -> list[list[i
 
 
 def sample_draft(streams: tuple, budget: int, min_prob: float,
-                 random: Callable[[], float], stop: bool = False) -> tuple[list[int], list[float], list[dict[int, float]]]:
+                 random: Callable[[], float],
+                 stop: bool = False) -> tuple[list[int], list[float], list[dict[int, float]]]:
     """A draft sampled from a sequence's streams (a tuple of `SuffixStream`, its prompt tree's
     first): the stream `draft_many` would draft from walks its draft tree of 4 x `budget`
     nodes (`SuffixStream.draft_tree`) from the root, drawing each child in proportion to its

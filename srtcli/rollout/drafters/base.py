@@ -10,8 +10,8 @@ A `Proposal` with `q=None` is deterministic (verified as a point mass); one with
 *sampled* from the distributions in `dists` (verified with the ratio rule,
 `srtcli.rollout.engine.verify`). A sampled draft may also have ended by drawing "stop" from a
 defective distribution (mass < 1): `dists` then has one entry more than `tokens`, and the
-verifier samples the token at that position from the residual. One with `parents` set is a tree of deterministic candidates
-(`srtcli.rollout.engine.tree_verify`).
+verifier samples the token at that position from the residual. One with `parents` set is a
+tree of deterministic candidates (`srtcli.rollout.engine.tree_verify`).
 """
 
 from __future__ import annotations

@@ -132,8 +132,9 @@ class GroupTrees:
         group's sequences are read now, so tokens streamed after it retired are kept too."""
         committed = self.store is not None and self.writer and bool(self.pending)
         if committed:
-            self.store.append_many({uid: [s for g in gs for s in g.new_sequences()] for uid, gs in self.pending.items()},
-                                   {uid: [p for g in gs for p in g.new_probs()] for uid, gs in self.pending.items()})
+            groups = self.pending.items()
+            self.store.append_many({uid: [s for g in gs for s in g.new_sequences()] for uid, gs in groups},
+                                   {uid: [p for g in gs for p in g.new_probs()] for uid, gs in groups})
         self.pending = {}
         return committed
 

@@ -63,12 +63,13 @@ class SrtDrafter(Drafter):
     name = "srt"
 
     def __init__(self, store: Any = None, min_prob: float = 0.1, mode: str = "sample", seed: int = 0,
-                 commit_every: int = 8, shared: bool = True, stop: bool = True, probs: bool = True):
+                 commit_every: int = 8, shared: bool = True, stop: bool = True,
+                 record_probs: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
         self.min_prob, self.mode, self.stop = min_prob, mode, stop
-        # the sequences' log-probs are the policy's (sampling), not greedy's 0.0: record them
-        self.probs = probs
+        # the sequences' log-probs are the policy's (sampling), not greedy's 0.0: store them
+        self.record_probs = record_probs
         # the run-wide shared tree (every output of this run, all prompts mixed, not persisted)
         # drafts where the prompt's own tree knows less: a cold prompt, text shared across prompts
         self.trees = GroupTrees(store, shared, commit_every)
@@ -87,7 +88,8 @@ class SrtDrafter(Drafter):
         # the streams hold the sequence's tokens (anchor first): a step costs the same at token
         # 16,000 as at token 16
         if self.mode == "sample":
-            toks, qs, dists = sample_draft(seq.drafter_state, budget, self.min_prob, self.rng.random, self.stop)
+            toks, qs, dists = sample_draft(seq.drafter_state, budget, self.min_prob, self.rng.random,
+                                           self.stop)
             return Proposal(toks, qs, dists) if dists else Proposal([])
         stream, best = best_draft(seq.drafter_state, budget, self.min_prob)
         if self.mode == "greedy":
@@ -105,7 +107,7 @@ class SrtDrafter(Drafter):
         if n == 0:
             return
         probs = None
-        if self.probs and len(seq.logprobs) == len(seq.tokens) == len(seq.mask) and seq.tokens[-n:] == tokens:
+        if self.record_probs and len(seq.logprobs) == len(seq.tokens) == len(seq.mask) and seq.tokens[-n:] == tokens:
             probs = [math.exp(lp) if m else 0.0 for lp, m in zip(seq.logprobs[-n:], seq.mask[-n:])]
         for s in seq.drafter_state:
             s.extend(tokens, probs)

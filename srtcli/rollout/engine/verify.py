@@ -97,7 +97,9 @@ def verify_chains(p: torch.Tensor, props: list[Any], generator: torch.Generator,
     accepted = acc_t.tolist()
     dist = p.reshape(b * kk, vocab).index_select(0, longs([r * kk + a for r, a in enumerate(accepted)]).to(device))
     kept = dist
-    rejected = [r for r, (a, pr) in enumerate(zip(accepted, props)) if a < len(pr.tokens) or (a == len(pr.tokens) and pr.stopped)]
+    # a row rejected a draft token, or drew the stop after its last one
+    rejected = [r for r, (a, pr) in enumerate(zip(accepted, props))
+                if a < len(pr.tokens) or (a == len(pr.tokens) and pr.stopped)]
     if rejected:
         kept, at = dist.clone(), longs(rejected).to(device)
         q_at = _proposal_at(props, drafts, accepted, rejected, vocab, device)
