@@ -162,8 +162,7 @@ def decode_with_probs(value: bytes | memoryview) -> tuple[SeqHeader, np.ndarray,
     if head.codec != CODEC_ZSTD_PLANES_PROBS:
         return head, tokens, None
     raw = np.frombuffer(planes, dtype=np.uint8, offset=4 * n)
-    probs = np.where(raw == PROB_UNKNOWN, np.float32(np.nan), raw.astype(np.float32) / PROB_STEPS)
-    return head, tokens, probs.astype(np.float32)
+    return head, tokens, np.where(raw == PROB_UNKNOWN, np.float32(np.nan), raw.astype(np.float32) / PROB_STEPS)
 
 
 def restamp(value: bytes | memoryview, tick: int, weight: float) -> bytes:

@@ -70,7 +70,8 @@ class SequenceStore(Protocol):
 
 
 def _with_probs(seqs: Iterable[Sequence[int]], probs: Sequence[Any] | None) -> list[tuple]:
-    """(int32 tokens, float16 probabilities or None) of each non-empty sequence."""
+    """(int32 tokens, probability bytes from `seqrecord.as_probs` or None) of each non-empty
+    sequence."""
     seqs = [seqrecord.as_tokens(s) for s in seqs]
     probs = [None] * len(seqs) if probs is None else list(probs)
     if len(probs) != len(seqs):

@@ -93,7 +93,9 @@ static int push_children(const STree *t, int32_t v, int32_t d, double score, int
  * the stored sequence the node points into; NaN: unknown). */
 typedef struct { int32_t *tok, *par; double *c; float *ph; Py_ssize_t n; } DTree;
 
-static void dtree_free(DTree *d) { PyMem_Free(d->tok); PyMem_Free(d->par); PyMem_Free(d->c); PyMem_Free(d->ph); }
+static void dtree_free(DTree *d) {
+    PyMem_Free(d->tok); PyMem_Free(d->par); PyMem_Free(d->c); PyMem_Free(d->ph);
+}
 
 /* The best-first draft tree from locus (v, m), at most `budget` nodes; m = 0: nothing matched. */
 static int dtree_build(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob, DTree *d) {
@@ -142,8 +144,8 @@ fail:
 
 /* ---------- a draft sampled from the tree ---------- */
 
-/* The children of `node` (their indices into kid, nk of them; kid has room for d->n) and the
- * their weights in w and the running sums in cum: their frequencies, or with `stop` their p-hats when
+/* The children of `node` (their indices into kid, nk of them; kid has room for d->n), their
+ * weights in w and the running sums in cum: their frequencies, or with `stop` their p-hats when
  * every child's is known (*by_p set). Children of p-hat 0 (tool output) are left out then. */
 static Py_ssize_t children(const DTree *d, Py_ssize_t node, int stop, int32_t *kid, double *w, double *cum,
                            int *by_p) {

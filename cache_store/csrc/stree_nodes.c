@@ -47,11 +47,11 @@ int st_trim(STree *t) {
     for (int32_t i = 0; i < t->nseq; i++) {
         Seq *q = &t->seqs[i];
         if (q->stream >= 0 || q->cap == q->len || q->len == 0) continue;
-        float *f = q->p ? PyMem_Realloc(q->p, sizeof(float) * (size_t)q->len) : NULL;
-        if (f) q->p = f;
-        else if (q->p) continue; /* keep both arrays at one capacity */
         int32_t *a = PyMem_Realloc(q->tok, sizeof(int32_t) * (size_t)q->len);
-        if (a) { q->tok = a; q->cap = q->len; }
+        if (!a) continue;
+        q->tok = a; q->cap = q->len;
+        float *f = q->p ? PyMem_Realloc(q->p, sizeof(float) * (size_t)q->len) : NULL;
+        if (f) q->p = f; /* a shrink that fails keeps the larger block: still room for cap */
     }
     return rehash(t, t->n, 7); /* the load growth allows, so the next append does not regrow it */
 }
