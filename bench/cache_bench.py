@@ -299,12 +299,19 @@ def main(argv: list[str] | None = None) -> None:
                     help="today's trie, the suffix tree and ArcticInference at long-CoT scale (bench/cache_scale.py)")
     ap.add_argument("--max-trie-tokens", type=int, default=200_000,
                     help="with --scale: skip today's trie on workloads above this many tokens")
+    ap.add_argument("--kinds", default=None,
+                    help="with --scale: which trees, comma-separated (default: trie,new,new-p,arctic)")
     args = ap.parse_args(argv)
     results: dict = {}
     if args.scale:
         from bench.cache_scale import bench_scale
 
-        results["scale"] = bench_scale(quick=args.quick, max_trie_tokens=args.max_trie_tokens)
+        from bench.cache_kinds import KINDS
+
+        kinds = tuple(args.kinds.split(",")) if args.kinds else KINDS
+        if unknown := set(kinds) - set(KINDS):
+            ap.error(f"--kinds: unknown {', '.join(sorted(unknown))} (known: {', '.join(KINDS)})")
+        results["scale"] = bench_scale(quick=args.quick, max_trie_tokens=args.max_trie_tokens, kinds=kinds)
         if args.json:
             print(json.dumps(results))
         return

@@ -4,6 +4,9 @@
   one zstd trie record per prompt) has been removed: its load, commit and disk figures are the
   recorded ones in docs/benchmarks.md, so the store rows and the replay show "-" for it;
 - `new`: the `SuffixTree` persisted by the sequence store (a commit appends the responses);
+- `new-p`: `new` with the policy's probability of every token (p-hat) in the tree and in the
+  store (record codec 2), as `srt rollout` keeps them when it samples; the probabilities are
+  synthetic (`cache_scale.token_probs`);
 - `arctic`: ArcticInference's suffix tree (`pip install '.[bench]'`), persisted the same way
   as `new` (it has no store of its own), drafting with `speculate(max_spec_tokens=16)`.
 """
@@ -14,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-KINDS = ("trie", "new", "arctic")
+KINDS = ("trie", "new", "new-p", "arctic")
 DEPTH = 64
 BUDGET = 16
 MIN_PROB = 0.1
@@ -105,6 +108,46 @@ class New(Trie):
         store.append(self._uid(uid), [group.sequence(s.sequence_id) for s in samples])
 
 
+class NewP(New):
+    """`New` storing p-hat: streamed with each chunk's probabilities, committed with them."""
+
+    POOL = 1 << 20
+
+    def __init__(self) -> None:
+        from bench.cache_scale import token_probs
+
+        super().__init__()
+        # drawn once, handed out in turn: the timed work is the tree's and the store's, not the draw
+        self.pool, self.at = token_probs(np.random.default_rng(5), self.POOL + 65_536), 0
+
+    def _probs(self, tokens: list[int] | np.ndarray) -> list[float]:
+        n = len(tokens)
+        if self.at + n > len(self.pool):
+            self.at = 0
+        self.at += n
+        return self.pool[self.at - n:self.at].tolist()
+
+    def stream_all(self, chunks: list[list[int]]) -> None:
+        probs = [self._probs(c) for c in chunks]
+        s = self.tree.stream()
+        for c, p in zip(chunks, probs):
+            s.extend(c, p)
+        s.close()
+
+    def commit_responses(self, store: Any, uid: str, responses: list[np.ndarray]) -> None:
+        store.append_many({self._uid(uid): responses}, {self._uid(uid): [self._probs(r) for r in responses]})
+
+    def extend_sample(self, sample: Any, tokens: list[int]) -> None:
+        sample.extend(tokens, self._probs(tokens))
+
+    def end_group(self, store: Any, uid: str, group: Any, samples: list, responses: list) -> None:
+        for s in samples:
+            s.close()
+        ids = [s.sequence_id for s in samples]
+        store.append_many({self._uid(uid): [group.sequence(i) for i in ids]},
+                          {self._uid(uid): [group.sequence_probs(i) for i in ids]})
+
+
 class Arctic(New):
     def __init__(self) -> None:
         from arctic_inference.suffix_decoding._C import SuffixTree
@@ -161,4 +204,4 @@ def make_kind(kind: str, probe: bool = False) -> Any:
         except ImportError:
             return False
         return True
-    return {"trie": Trie, "new": New, "arctic": Arctic}[kind]()
+    return {"trie": Trie, "new": New, "new-p": NewP, "arctic": Arctic}[kind]()

@@ -4,7 +4,13 @@ Two sources, both reduced to (prompt ids, response ids) pairs:
 - rollout JSONL lines (`parse_rollout_line`): token ids (`prompt_ids`, `response_ids`) or
   text (`prompt` as a string or chat messages, `response`), which the caller tokenizes;
 - steps-pool trajectories (`pool_rollouts`): the prompt is the first step's tokens before
-  its first trained token, the response everything after the prompt in the last step.
+  its first trained token, the response everything after the prompt in the last step. A
+  trajectory whose steps all say they were sampled (`meta.temperature` > 0, as `srt rollout`
+  writes) and are all there (steps 0 to the last) also gives each response token's
+  probability under the policy that sampled it (p-hat, exp of its `old_logprobs` in the step
+  that trained it; 0 for tool output, which is never drafted), stored with the sequence as
+  `srt rollout` stores it. Greedy steps (old_logprobs 0.0: no probability) and pools that do
+  not say give none.
 
 `Warmer` appends each rollout to the sequence store under its prompt's uid, as the sequence
 the rollout drafter (srtcli.rollout.drafters.srt) stores: the prompt's last token (the
@@ -21,6 +27,8 @@ import json
 from array import array
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Protocol
+
+import numpy as np
 
 from cache_store.seqstore import SequenceStore
 from cache_store.uid import prompt_uid
@@ -90,12 +98,42 @@ class StepLike(Protocol):
     step: int
     input_ids: list[int]
     loss_mask: list[int]
+    old_logprobs: list[float]
+    meta: dict[str, Any]
 
 
-def pool_rollouts(steps: Iterable[StepLike]) -> Iterator[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) of every trajectory in a stream of steps (any order)."""
+class _Probs:
+    """One trajectory's p-hat, gathered from its steps in any order."""
+
+    def __init__(self) -> None:
+        self.p = np.zeros(0, np.float32)  # 0 where no step trains the token (tool output)
+        self.steps: set[int] = set()
+        self.sampled = True
+
+    def take(self, s: StepLike) -> None:
+        t = s.meta.get("temperature")
+        self.sampled = self.sampled and isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0
+        self.steps.add(s.step)
+        if not self.sampled:
+            return
+        if self.p.size < len(s.input_ids):
+            self.p = np.concatenate([self.p, np.zeros(len(s.input_ids) - self.p.size, np.float32)])
+        trained = np.flatnonzero(np.asarray(s.loss_mask, dtype=bool))
+        self.p[trained] = np.minimum(1.0, np.exp(np.asarray(s.old_logprobs, dtype=np.float64)[trained]))
+
+    def of(self, start: int, end: int) -> np.ndarray | None:
+        """p-hat of tokens [start, end), or None unless every step was there and sampled."""
+        if not self.sampled or self.steps != set(range(max(self.steps) + 1)):
+            return None
+        return self.p[start:end]
+
+
+def pool_rollouts(steps: Iterable[StepLike]) -> Iterator[tuple[list[int], list[int], np.ndarray | None]]:
+    """(prompt ids, response ids, the response's p-hat or None) of every trajectory in a stream
+    of steps (any order)."""
     first: dict[tuple[str, str], tuple[int, array]] = {}
     last: dict[tuple[str, str], tuple[int, array]] = {}
+    probs: dict[tuple[str, str], _Probs] = {}
     for s in steps:
         key = (s.prompt_uid, s.trajectory_id)
         if key not in first or s.step < first[key][0]:
@@ -103,9 +141,10 @@ def pool_rollouts(steps: Iterable[StepLike]) -> Iterator[tuple[list[int], list[i
             first[key] = (s.step, array("i", s.input_ids[:cut]))
         if key not in last or s.step > last[key][0]:
             last[key] = (s.step, array("i", s.input_ids))
+        probs.setdefault(key, _Probs()).take(s)
     for key, (_, prompt) in first.items():
         whole = last[key][1]
-        yield prompt.tolist(), whole[len(prompt):].tolist()
+        yield prompt.tolist(), whole[len(prompt):].tolist(), probs[key].of(len(prompt), len(whole))
 
 
 class Warmer:
@@ -116,15 +155,18 @@ class Warmer:
         self.fingerprint = tokenizer_fingerprint
         self.batch_tokens = batch_tokens
         self._batch: dict[str, list[list[int]]] = {}
+        self._probs: dict[str, list[np.ndarray | None]] = {}
         self._pending = 0
         self.rollouts = 0
         self.sequences = 0
+        self.with_probs = 0  # sequences stored with p-hat
         self.tokens = 0
         self.batches = 0
         self.uids: set[str] = set()
 
-    def add(self, prompt_ids: list[int], response_ids: list[int]) -> str:
-        """Count one rollout; returns its prompt uid. Writes when the batch is full.
+    def add(self, prompt_ids: list[int], response_ids: list[int], probs: Any = None) -> str:
+        """Count one rollout; returns its prompt uid. Writes when the batch is full. `probs`:
+        p-hat of each response token, if known (the anchor's is unknown).
 
         An empty response is counted (its prompt is one of the prompts seen) but stores
         nothing: a rollout that generated nothing has nothing to draft from.
@@ -135,6 +177,8 @@ class Warmer:
         if response_ids:
             seq = prompt_ids[-1:] + list(response_ids)  # the anchor, then the response
             self._batch.setdefault(uid, []).append(seq)
+            self._probs.setdefault(uid, []).append(None if probs is None else np.concatenate([[np.nan], probs]))
+            self.with_probs += probs is not None
             self.sequences += 1
             self.tokens += len(response_ids)
             self._pending += len(seq)
@@ -145,7 +189,7 @@ class Warmer:
     def flush(self) -> None:
         """Append the sequences gathered so far (one write transaction)."""
         if self._batch:
-            self.store.append_many(self._batch)
+            self.store.append_many(self._batch, self._probs)
             self.batches += 1
-        self._batch = {}
+        self._batch, self._probs = {}, {}
         self._pending = 0

@@ -64,16 +64,17 @@ def _rollout_lines(source: Path, skip_bad: bool, stats: dict, vocab: int | None)
             stats["skipped"] += 1
 
 
-def _tokenized(source: Path, tok: Any, skip_bad: bool) -> Iterator[tuple[list[int], list[int]]]:
-    """(prompt ids, response ids) per good line; text lines go through the tokenizer."""
+def _tokenized(source: Path, tok: Any, skip_bad: bool) -> Iterator[tuple[list[int], list[int], None]]:
+    """(prompt ids, response ids, None: no p-hat) per good line; text lines go through the
+    tokenizer."""
     from srtcli.tokenizers import encode_prompt, encode_response
 
     for lineno, r in _rollout_lines(source, skip_bad, {"skipped": 0}, _vocab(tok)):
         if r.prompt_ids is not None:
-            yield r.prompt_ids, r.response_ids
+            yield r.prompt_ids, r.response_ids, None
             continue
         try:
-            yield encode_prompt(tok, r.prompt), encode_response(tok, r.response)
+            yield encode_prompt(tok, r.prompt), encode_response(tok, r.response), None
         except Exception as e:  # a template that rejects these messages: the line is at fault
             raise at(source, lineno, f"cannot tokenize: {type(e).__name__}: {e}") from None
 
@@ -126,7 +127,8 @@ def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
 
 def _validated(source: Path, pool: bool, tok: Any, fp: str | None, skip_bad: bool,
                stats: dict) -> tuple[Iterator, str]:
-    """Pass 1: (the (prompt ids, response ids) pairs to insert, the fingerprint to file them under)."""
+    """Pass 1: (the (prompt ids, response ids, p-hat or None) to insert, the fingerprint to file
+    them under)."""
     if pool:
         rollouts = pool_rollouts(_pool_checked(source, iter_steps(source, skip_bad, stats), _vocab(tok)))
         first = next(rollouts, None)  # consumes and validates the whole pool
@@ -144,8 +146,9 @@ def add_rollouts(source: Path, model: str | None = None, fingerprint: str | None
                  cache_dir: str | None = None, half_life: float | None = None, floor: float | None = None,
                  as_json: bool = False) -> dict[str, Any]:
     """Validate SOURCE fully (pass 1), then append in batches (pass 2); returns the figures
-    `srt cache add` prints: cache, rollouts, sequences (those with a response), tokens (of the
-    responses), trees (= prompts), skipped, tokenizer_fingerprint."""
+    `srt cache add` prints: cache, rollouts, sequences (those with a response), with_probs (those
+    stored with p-hat), tokens (of the responses), trees (= prompts), skipped,
+    tokenizer_fingerprint."""
     if not source.exists():
         raise SrtError(f"{source}: no such file or directory")
     stats = {"skipped": 0}
@@ -156,11 +159,12 @@ def add_rollouts(source: Path, model: str | None = None, fingerprint: str | None
     with open_store(Path(cache_dir) if cache_dir else None, create=True, **settings) as store:
         warmer = Warmer(store, fp)
         with progress("adding rollouts", as_json=as_json) as bar:
-            for prompt_ids, response_ids in items:
-                warmer.add(prompt_ids, response_ids)
+            for prompt_ids, response_ids, probs in items:
+                warmer.add(prompt_ids, response_ids, probs)
                 bar.advance()
         warmer.flush()
         where = str(store.path)
-    return {"cache": where, "rollouts": warmer.rollouts, "sequences": warmer.sequences, "tokens": warmer.tokens,
+    return {"cache": where, "rollouts": warmer.rollouts, "sequences": warmer.sequences,
+            "with_probs": warmer.with_probs, "tokens": warmer.tokens,
             "trees": len(warmer.uids), "prompts": len(warmer.uids),
             "skipped": stats["skipped"], "tokenizer_fingerprint": fp}

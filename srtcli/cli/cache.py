@@ -203,5 +203,6 @@ def add(cache, source, model, tokenizer_fingerprint, skip_bad, half_life, floor,
     obj = add_rollouts(Path(source), model, tokenizer_fingerprint, skip_bad, cache, half_life, floor, as_json)
     emit(as_json, obj, [
         f"added {obj['rollouts']} rollouts ({obj['tokens']:,} tokens) of {obj['trees']} prompts to {obj['cache']}"
+        + (f"; {obj['with_probs']} with the policy's probabilities" if obj["with_probs"] else "")
         + (f"; skipped {obj['skipped']} bad lines" if obj["skipped"] else "")
     ])

@@ -24,8 +24,9 @@ from srtcli.rollout.summary import Counts, Run, summary
 class Groups:
     """Where a backend hands finished groups and the end of each rollout batch."""
 
-    def __init__(self, writer: Any, pl: Plan, k: int, bar: Bar, store: Any):
+    def __init__(self, writer: Any, pl: Plan, k: int, bar: Bar, store: Any, temperature: float):
         self.writer, self.plan, self.k, self.bar, self.store = writer, pl, k, bar, store
+        self.temperature = temperature
         self.rewards: list[float] = []  # one per trajectory written by this run
 
     def group(self, i: int, samples: list[Sample]) -> None:
@@ -33,7 +34,7 @@ class Groups:
         prompt, uid = self.plan.prompts[i], self.plan.uids[i]
         for s in samples:
             self.rewards.append(self.plan.reward_fn(prompt.record, s.text) if s.reward is None else s.reward)
-            for step in turn_steps(uid, prompt.id, s, self.rewards[-1], self.k):
+            for step in turn_steps(uid, prompt.id, s, self.rewards[-1], self.k, self.temperature):
                 self.writer.write(step)
         self.writer.flush()
         self.bar.advance()
@@ -102,7 +103,7 @@ def _write(config: RolloutConfig, backend: Backend, pl: Plan, store: Any) -> lis
     writer = PoolWriter(pl.out, resume=config.resume, fsync_every=1 << 30)
     try:
         with progress("rollout (prompts)", total=len(pl.todo)) as bar:
-            groups = Groups(writer, pl, config.k, bar, store)
+            groups = Groups(writer, pl, config.k, bar, store, config.temperature)
             backend.generate(pl, groups)
     finally:
         writer.close()

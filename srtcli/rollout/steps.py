@@ -25,8 +25,9 @@ class Sample:
     reward: float | None = None  # the trajectory's own reward (a tool environment's), if it has one
 
 
-def turn_steps(uid: str, prompt_id: str, sample: Sample, reward: float, k: int) -> list:
-    """One pool step per model turn of a finished sample."""
+def turn_steps(uid: str, prompt_id: str, sample: Sample, reward: float, k: int, temperature: float) -> list:
+    """One pool step per model turn of a finished sample. `meta.temperature` says whether the
+    old_logprobs are the probabilities the tokens were sampled with (> 0) or greedy's 0.0."""
     from srtcli.pool import StepRecord
 
     out = []
@@ -35,7 +36,8 @@ def turn_steps(uid: str, prompt_id: str, sample: Sample, reward: float, k: int) 
         mask = [0] * s + [1] * (e - s)
         lps = [0.0] * s + sample.logprobs[s:e]
         meta = {"prompt_id": prompt_id, "sample": sample.index,
-                "finish_reason": sample.finish_reason if last else "tool", "group_size": k}
+                "finish_reason": sample.finish_reason if last else "tool", "group_size": k,
+                "temperature": temperature}
         if last:
             meta["last"] = True
         meta.update(sample.meta)

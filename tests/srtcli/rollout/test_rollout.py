@@ -184,7 +184,7 @@ def test_one_step_per_model_turn_with_tool_output_untrained(tmp_path):
     s.logprobs += [-0.5] * 3 + [0.0] * 3 + [-0.25] * 3
     s.turns = [(3, 6), (9, 9), (9, 12)]  # an empty turn is no model turn
     s.finish_reason = "stop"
-    steps = turn_steps("uid", "p", sample_of(s, make_tokenizer(tmp_path)), 1.0, k=4)
+    steps = turn_steps("uid", "p", sample_of(s, make_tokenizer(tmp_path)), 1.0, k=4, temperature=1.0)
     assert [st.step for st in steps] == [0, 1]
     assert steps[0].input_ids == s.tokens[:6] and steps[0].loss_mask == [0, 0, 0, 1, 1, 1]
     assert steps[1].input_ids == s.tokens and steps[1].loss_mask == [0] * 9 + [1] * 3

@@ -1,13 +1,16 @@
 """`srt rollout` stores with every generated token the probability the policy gave it (the
 pool's `old_logprobs`), so later runs draft by it; greedy runs store none, and
 `--no-draft-stop` (flag or config key; the flag wins) turns the stop off without changing what
-is stored."""
+is stored; `srt cache add` of a sampled run's pool stores the same probabilities."""
 
 from __future__ import annotations
 
 import math
 
+from click.testing import CliRunner
+
 from cache_store.seqstore import LmdbSequenceStore
+from srtcli.cli import cli
 from srtcli.pool import read_pool
 from tests.srtcli.rollout.test_rollout import model_dir, roll, summary  # noqa: F401 - fixture
 
@@ -69,3 +72,17 @@ def test_no_draft_stop_from_the_flag_or_the_config_reaches_the_drafter(tmp_path,
         assert out["generated_tokens"] > 0
         assert all(p is not None for _, p in stored(tmp_path / f"cache-{name}"))  # stored either way
     assert seen == [True, False, False, True]  # the flag wins over the file
+
+
+def test_cache_add_of_a_sampled_pool_stores_what_rollout_stored(tmp_path, model_dir):
+    """Warming a new cache from the pool a sampled run wrote stores the same tokens with the
+    same probability bytes as the run itself; from a greedy run's pool, none."""
+    for t in ("1.0", "0"):
+        summary(roll(tmp_path, model_dir, "-n", "3", "--max-new-tokens", "10", "--temperature", t,
+                     out=f"pool{t}", cache=f"run{t}"))
+        out = summary(CliRunner().invoke(cli, ["cache", "add", str(tmp_path / f"pool{t}"), "--model", str(model_dir),
+                                               "--cache", str(tmp_path / f"add{t}"), "--json"]))
+        ran, added = (sorted((s, None if p is None else p.tobytes()) for s, p in stored(tmp_path / f"{c}{t}"))
+                      for c in ("run", "add"))
+        assert ran == added and len(ran) == 12
+        assert out["with_probs"] == (12 if t == "1.0" else 0)
