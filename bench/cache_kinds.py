@@ -32,6 +32,10 @@ class Trie:
         self.T = TokenTree
         self.tree = TokenTree(DEPTH)
 
+    def prepare(self, chunks: list[list[int]]) -> list:
+        """What `stream_all` takes for one response's chunks (made before the timed insert)."""
+        return chunks
+
     def stream_all(self, chunks: list[list[int]]) -> None:
         s = self.tree.stream()
         for c in chunks:
@@ -127,10 +131,12 @@ class NewP(New):
         self.at += n
         return self.pool[self.at - n:self.at].tolist()
 
-    def stream_all(self, chunks: list[list[int]]) -> None:
-        probs = [self._probs(c) for c in chunks]
+    def prepare(self, chunks: list[list[int]]) -> list:
+        return [(c, self._probs(c)) for c in chunks]
+
+    def stream_all(self, chunks: list) -> None:
         s = self.tree.stream()
-        for c, p in zip(chunks, probs):
+        for c, p in chunks:
             s.extend(c, p)
         s.close()
 

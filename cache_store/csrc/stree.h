@@ -49,10 +49,20 @@ _Static_assert(sizeof(SNode) == 48, "a node is 48 bytes");
 
 typedef struct { int32_t node, head, cnt; } Flight; /* node < 0: empty slot */
 
+/* p-hat in one byte, the LMDB record's own coding (cache_store.seqrecord.as_probs): in memory
+ * the tree drafts by exactly what a load from the store gives it back. */
+#define P_STEPS 254
+#define P_UNKNOWN 255
+static inline uint8_t st_byte(float p) {
+    return isnan(p) ? P_UNKNOWN : (uint8_t)lrint((double)p * P_STEPS);
+}
+static inline float st_unbyte(uint8_t b) { return b == P_UNKNOWN ? NAN : (float)b / (float)P_STEPS; }
+
 typedef struct {
     int32_t *tok;
-    float *p; /* the policy's probability of each token when it was generated (NaN: unknown);
-               * NULL while every token's is unknown */
+    uint8_t *p; /* the policy's probability of each token when it was generated, one byte as
+                 * the store keeps it (round(p x 254); P_UNKNOWN: unknown); NULL while every
+                 * token's is unknown */
     int32_t len, cap;
     int32_t stream; /* window block of the live stream writing it; -1 when finished */
     double weight;
@@ -101,7 +111,7 @@ static inline int32_t st_tok(const STree *t, int32_t v, int32_t k) {
  * sequence the node points into (NaN when unknown). */
 static inline float st_prob(const STree *t, int32_t v, int32_t d) {
     const Seq *q = &t->seqs[t->nodes[v].seq];
-    return q->p ? q->p[t->nodes[v].off + d - 1] : NAN;
+    return q->p ? st_unbyte(q->p[t->nodes[v].off + d - 1]) : NAN;
 }
 
 static inline int st_open(const STree *t, int32_t v) { return t->nodes[v].dep < 0; }

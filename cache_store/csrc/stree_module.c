@@ -200,7 +200,11 @@ static PyObject *STree_sequence_probs(STree *t, PyObject *arg) {
     if (i < 0 || i >= t->nseq) { PyErr_SetString(PyExc_IndexError, "no such sequence"); return NULL; }
     const Seq *s = &t->seqs[i];
     if (!s->p) Py_RETURN_NONE;
-    return PyBytes_FromStringAndSize((const char *)s->p, (Py_ssize_t)sizeof(float) * s->len);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)sizeof(float) * s->len);
+    if (!out) return NULL;
+    float *f = (float *)PyBytes_AS_STRING(out);
+    for (int32_t k = 0; k < s->len; k++) f[k] = st_unbyte(s->p[k]);
+    return out;
 }
 
 /* Every node as (parent, first token, depth, F, in flight, child sum), for tests. */
@@ -226,7 +230,7 @@ static PyObject *STree_memory_bytes(STree *t, PyObject *unused) {
                sizeof(Seq) * (size_t)t->seqcap + sizeof(Win) * (size_t)t->blockcap * t->max_depth +
                sizeof(Flight) * (size_t)t->fcap;
     for (int32_t s = 0; s < t->nseq; s++)
-        b += (sizeof(int32_t) + (t->seqs[s].p ? sizeof(float) : 0)) * (size_t)t->seqs[s].cap;
+        b += (sizeof(int32_t) + (t->seqs[s].p ? sizeof(uint8_t) : 0)) * (size_t)t->seqs[s].cap;
     return PyLong_FromSize_t(b);
 }
 

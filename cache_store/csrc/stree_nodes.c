@@ -50,7 +50,7 @@ int st_trim(STree *t) {
         int32_t *a = PyMem_Realloc(q->tok, sizeof(int32_t) * (size_t)q->len);
         if (!a) continue;
         q->tok = a; q->cap = q->len;
-        float *f = q->p ? PyMem_Realloc(q->p, sizeof(float) * (size_t)q->len) : NULL;
+        uint8_t *f = q->p ? PyMem_Realloc(q->p, (size_t)q->len) : NULL;
         if (f) q->p = f; /* a shrink that fails keeps the larger block: still room for cap */
     }
     return rehash(t, t->n, 7); /* the load growth allows, so the next append does not regrow it */
@@ -208,7 +208,7 @@ int st_seq_push(STree *t, int32_t s, const int32_t *tok, Py_ssize_t k) {
         if (cap < q->len + k) cap = q->len + k;
         if (cap > INT32_MAX) cap = INT32_MAX;
         if (q->p) {
-            float *f = PyMem_Realloc(q->p, sizeof(float) * (size_t)cap);
+            uint8_t *f = PyMem_Realloc(q->p, (size_t)cap);
             if (!f) { PyErr_NoMemory(); return -1; }
             q->p = f;
         }
@@ -217,8 +217,7 @@ int st_seq_push(STree *t, int32_t s, const int32_t *tok, Py_ssize_t k) {
         q->tok = a; q->cap = (int32_t)cap;
     }
     memcpy(q->tok + q->len, tok, sizeof(int32_t) * (size_t)k);
-    if (q->p)
-        for (Py_ssize_t i = 0; i < k; i++) q->p[q->len + i] = NAN;
+    if (q->p) memset(q->p + q->len, P_UNKNOWN, (size_t)k);
     q->len += (int32_t)k;
     return 0;
 }
@@ -229,10 +228,10 @@ int st_seq_set_probs(STree *t, int32_t s, Py_ssize_t from, const float *p, Py_ss
     Seq *q = &t->seqs[s];
     if (k == 0) return 0;
     if (!q->p) {
-        q->p = PyMem_Malloc(sizeof(float) * (size_t)(q->cap ? q->cap : 1));
+        q->p = PyMem_Malloc((size_t)(q->cap ? q->cap : 1));
         if (!q->p) { PyErr_NoMemory(); return -1; }
-        for (int32_t i = 0; i < q->len; i++) q->p[i] = NAN;
+        memset(q->p, P_UNKNOWN, (size_t)q->len);
     }
-    memcpy(q->p + from, p, sizeof(float) * (size_t)k);
+    for (Py_ssize_t i = 0; i < k; i++) q->p[from + i] = st_byte(p[i]);
     return 0;
 }

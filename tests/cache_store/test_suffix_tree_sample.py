@@ -15,6 +15,7 @@ from collections import Counter
 from bisect import bisect_right
 from itertools import accumulate
 
+import numpy as np
 import pytest
 
 from cache_store.suffix_tree import SuffixTree, sample_draft
@@ -40,8 +41,9 @@ def reference(streams, budget, min_prob, rng):
 
 
 def p_hat(prev: int, tok: int) -> float:
-    """The probability stored with `tok` after `prev` (exact in float32; 0 = tool output)."""
-    return ((prev * 7 + tok * 3) % 9) / 16
+    """The probability stored with `tok` after `prev` (0 = tool output): a multiple of 16/254,
+    so the tree's one byte holds it exactly, as the float32 the tree reads back."""
+    return float(np.float32((prev * 7 + tok * 3) % 9 * 16) / np.float32(254))
 
 
 def probs_of(tokens: list[int]) -> list[float]:
@@ -131,7 +133,8 @@ def test_stop_falls_back_to_counts_where_a_childs_probability_is_unknown():
     known.add([5, 3, 4], 1.0, [math.nan, 0.5, 1.0])
     row = (known.stream(),)
     row[0].extend([5])
-    assert sample_draft(row, 1, 0.0, random.Random(0).random, stop=True)[2] == [{1: 0.25, 3: 0.5}]
+    [dist] = sample_draft(row, 1, 0.0, random.Random(0).random, stop=True)[2]
+    assert dist == {1: pytest.approx(0.25, abs=1 / 508), 3: 0.5}  # p-hat, kept in one byte
 
 
 def test_the_first_token_follows_the_trees_child_frequencies():
