@@ -21,6 +21,11 @@ last is only run when named in `--configs` (it costs the most compute per forwar
 prints each srt config's forwards against `arctic`, and host time (wall minus model time) per
 forward and per generated token, srt against `none`.
 
+`--repeat N` then runs each config's last epoch N more times, configs interleaved, each from a
+copy of its cache before that epoch and with the same seed (the same work every round;
+bench/repeat_epoch.py), and prints median wall and model times and per-round ratios: the
+wall-time figures to quote on a machine whose speed drifts.
+
 At the end it measures the compute-bound ceiling (bench/oracle_drafter.py): greedy decoding of
 the same prompts, plain and then replayed by a drafter whose every draft is accepted; its
 model-time ratio is the most any drafter could gain with these draft lengths on this device.
@@ -57,6 +62,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.repeat_epoch import repeat, snapshot  # noqa: E402
 
 CONFIGS = {
     "none": dict(draft="none", run_ahead=False),
@@ -230,6 +237,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-ceiling", action="store_true", help="skip the compute-bound ceiling (two greedy runs "
                     "at the end: plain, and replayed by a drafter whose every draft is accepted)")
+    ap.add_argument("--repeat", type=int, default=0, metavar="N",
+                    help="then the last epoch N more times per config, interleaved, from each config's cache "
+                         "before it (bench/repeat_epoch.py): wall-time ratios robust to the machine's drift")
     ap.add_argument("--json-out")
     ap.add_argument("--profile", metavar="PREFIX", help="cProfile the last epoch of none and srt into "
                     "PREFIX-none.txt / PREFIX-srt.txt (host vs model time; slows those two runs)")
@@ -260,6 +270,8 @@ def main() -> None:
     results: dict[str, list[dict]] = {n: [] for n in names}
     for epoch in range(1, args.epochs + 1):
         for name in names:
+            if args.repeat and epoch == args.epochs:
+                snapshot(work / f"cache-{name}")
             o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / f"pool-{name}-{epoch}")
             o["seed"] = args.seed + epoch  # fresh samples every epoch, as in RL (never replay an epoch)
             o["drafter"] = drafters.get(name)
@@ -282,6 +294,15 @@ def main() -> None:
         s = ref["none_no_tools"]
         print(f"none without tools:             wall {s['wall_s']:.2f}s  {s['tokens_per_s']:.1f} tok/s")
     report(results, ref, names, args.epochs)
+    if args.repeat:
+        def run(name: str, epoch: int, cache: Path, out: Path, drafter: object) -> dict:
+            o = options(args, CONFIGS[name], model, prompts, cache, out)
+            o.update(seed=args.seed + epoch, drafter=drafter)
+            return embedded_rollout(**o)
+
+        results["repeat"] = repeat(args.repeat, names, args.epochs, work, run,
+                                   lambda name: outside_drafters([name]).get(name),
+                                   {n: results[n][-1]["target_forwards"] for n in names})
     ceiling = measure_ceiling(args, model, prompts, work) if "srt" in names and not args.no_ceiling else {}
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"results": results, "hf_generate": ref, "ceiling": ceiling}, indent=1))
