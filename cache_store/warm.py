@@ -1,8 +1,10 @@
 """Warming a cache from rollouts that already exist (`srt cache add`).
 
 Two sources, both reduced to (prompt ids, response ids) pairs:
-- rollout JSONL lines (`parse_rollout_line`): token ids (`prompt_ids`, `response_ids`) or
-  text (`prompt` as a string or chat messages, `response`), which the caller tokenizes;
+- rollout JSONL lines (`parse_rollout_line`): token ids (`prompt_ids`, `response_ids`, and
+  optionally `response_logprobs`: the policy's log-prob of each response token as it was
+  sampled, null where it did not sample it, which gives p-hat) or text (`prompt` as a string
+  or chat messages, `response`), which the caller tokenizes;
 - steps-pool trajectories (`pool_rollouts`): the prompt is the first step's tokens before
   its first trained token, the response everything after the prompt in the last step. A
   trajectory whose steps all say they were sampled (`meta.temperature` > 0, as `srt rollout`
@@ -44,6 +46,7 @@ class RolloutLine:
     response_ids: list[int] | None = None
     prompt: str | list[dict[str, str]] | None = None
     response: str | None = None
+    probs: np.ndarray | None = None  # p-hat of each response token (NaN: unknown), with ids only
 
 
 def _ids(d: dict, key: str, allow_empty: bool) -> list[int]:
@@ -57,6 +60,22 @@ def _ids(d: dict, key: str, allow_empty: bool) -> list[int]:
     if any(t > MAX_TOKEN_ID for t in ids):
         raise ValueError(f"`{key}` has a token id above {MAX_TOKEN_ID}")
     return ids
+
+
+def _probs(d: dict, n: int) -> np.ndarray | None:
+    """p-hat from `response_logprobs` (numbers <= 0 or null, one per response token), if given."""
+    lps = d.get("response_logprobs")
+    if lps is None:
+        return None
+    if not isinstance(lps, list) or not all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+                                            for x in lps):
+        raise ValueError("`response_logprobs` must be a list of numbers (null where unknown)")
+    if len(lps) != n:
+        raise ValueError(f"`response_logprobs` must hold one value per response token ({n}), not {len(lps)}")
+    a = np.array([np.nan if x is None else x for x in lps], dtype=np.float64)
+    if (a[~np.isnan(a)] > 1e-6).any() or np.isinf(a).any():
+        raise ValueError("`response_logprobs` must be finite log-probabilities (<= 0)")
+    return None if np.isnan(a).all() else np.minimum(np.exp(a), 1.0)
 
 
 def _messages(prompt: Any) -> list[dict[str, str]]:
@@ -77,7 +96,11 @@ def parse_rollout_line(text: str) -> RolloutLine:
     if not isinstance(d, dict):
         raise ValueError("a rollout must be a JSON object")
     if "prompt_ids" in d or "response_ids" in d:
-        return RolloutLine(prompt_ids=_ids(d, "prompt_ids", False), response_ids=_ids(d, "response_ids", True))
+        response = _ids(d, "response_ids", True)
+        return RolloutLine(prompt_ids=_ids(d, "prompt_ids", False), response_ids=response,
+                           probs=_probs(d, len(response)))
+    if "response_logprobs" in d:
+        raise ValueError("`response_logprobs` needs `response_ids` (a text response is tokenized again)")
     if "prompt" not in d or "response" not in d:
         raise ValueError("a rollout needs `prompt_ids` and `response_ids`, or `prompt` and `response`")
     prompt, response = d["prompt"], d["response"]

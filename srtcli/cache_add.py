@@ -64,14 +64,14 @@ def _rollout_lines(source: Path, skip_bad: bool, stats: dict, vocab: int | None)
             stats["skipped"] += 1
 
 
-def _tokenized(source: Path, tok: Any, skip_bad: bool) -> Iterator[tuple[list[int], list[int], None]]:
-    """(prompt ids, response ids, None: no p-hat) per good line; text lines go through the
-    tokenizer."""
+def _tokenized(source: Path, tok: Any, skip_bad: bool) -> Iterator[tuple[list[int], list[int], Any]]:
+    """(prompt ids, response ids, p-hat or None) per good line; text lines go through the
+    tokenizer (and have no p-hat)."""
     from srtcli.tokenizers import encode_prompt, encode_response
 
     for lineno, r in _rollout_lines(source, skip_bad, {"skipped": 0}, _vocab(tok)):
         if r.prompt_ids is not None:
-            yield r.prompt_ids, r.response_ids, None
+            yield r.prompt_ids, r.response_ids, r.probs
             continue
         try:
             yield encode_prompt(tok, r.prompt), encode_response(tok, r.response), None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -125,6 +126,22 @@ def test_add_token_ids_stores_anchor_plus_response(tmp_path):
     assert stats["cache"] == stats["path"] == str(cache) and stats["tick"] == 0
 
 
+def test_add_token_ids_with_logprobs_stores_the_policys_probabilities(tmp_path):
+    src = write_jsonl(tmp_path / "r.jsonl", [
+        {"prompt_ids": [7, 8], "response_ids": [1, 2, 3], "response_logprobs": [-0.5, None, 0.0]},
+        {"prompt_ids": [7, 8], "response_ids": [4]},
+        {"prompt_ids": [7, 8], "response_ids": [5], "response_logprobs": [None]},  # nothing known
+    ])
+    cache = tmp_path / "c"
+    out = last_json(run("cache", "add", str(src), "--cache", str(cache), "--tokenizer-fingerprint", "fp", "--json"))
+    assert (out["sequences"], out["with_probs"]) == (3, 1)
+    with LmdbSequenceStore.open(cache, create=False) as s:
+        a, b, c = s.read(prompt_uid([7, 8], "fp"))
+    assert a.tokens.tolist() == [8, 1, 2, 3] and b.probs is None and c.probs is None
+    assert math.isnan(a.probs[0]) and math.isnan(a.probs[2])  # the anchor, and the token given null
+    assert abs(a.probs[1] - math.exp(-0.5)) <= 1 / 508 and a.probs[3] == 1.0
+
+
 def test_add_appends_to_an_existing_cache_at_its_current_tick(tmp_path):
     cache = tmp_path / "c"
     src = write_jsonl(tmp_path / "r.jsonl", [{"prompt_ids": [1], "response_ids": [2, 3]}])
@@ -197,6 +214,11 @@ BAD_LINES = [
     ('{"prompt": 5, "response": "x"}', "`prompt`"),
     ('{"prompt": [{"role": "user"}], "response": "x"}', "messages"),
     ('{"response_text": "x"}', "needs"),
+    ('{"prompt_ids": [1], "response_ids": [3, 4], "response_logprobs": [-0.1]}', "one value per response token"),
+    ('{"prompt_ids": [1], "response_ids": [3], "response_logprobs": [0.5]}', "<= 0"),
+    ('{"prompt_ids": [1], "response_ids": [3], "response_logprobs": ["x"]}', "list of numbers"),
+    ('{"prompt_ids": [1], "response_ids": [3], "response_logprobs": -0.5}', "list of numbers"),
+    ('{"prompt": "q", "response": "a", "response_logprobs": [-0.5]}', "needs `response_ids`"),
 ]
 
 
