@@ -75,8 +75,12 @@ class New(Trie):
 
         return LmdbSequenceStore.open(path)
 
+    def _probs(self, tokens: list[int] | np.ndarray) -> list[float] | None:
+        """The probabilities stored with these tokens: none here (`NewP` has them)."""
+        return None
+
     def commit_responses(self, store: Any, uid: str, responses: list[np.ndarray]) -> None:
-        store.append(self._uid(uid), responses)
+        store.append_many({self._uid(uid): responses}, {self._uid(uid): [self._probs(r) for r in responses]})
 
     def load(self, store: Any, uid: str) -> None:
         from cache_store.seqstore import load_tree
@@ -101,7 +105,7 @@ class New(Trie):
         return group.stream()
 
     def extend_sample(self, sample: Any, tokens: list[int]) -> None:
-        sample.extend(tokens)
+        sample.extend(tokens, self._probs(tokens))
 
     def draft_in(self, group: Any, sample: Any, ctx: list[int]) -> list[int]:
         return sample.draft(BUDGET, MIN_PROB).tokens  # matched from the stream's own windows
@@ -109,7 +113,9 @@ class New(Trie):
     def end_group(self, store: Any, uid: str, group: Any, samples: list, responses: list) -> None:
         for s in samples:
             s.close()
-        store.append(self._uid(uid), [group.sequence(s.sequence_id) for s in samples])
+        ids = [s.sequence_id for s in samples]
+        store.append_many({self._uid(uid): [group.sequence(i) for i in ids]},
+                          {self._uid(uid): [group.sequence_probs(i) for i in ids]})
 
 
 class NewP(New):
@@ -139,19 +145,6 @@ class NewP(New):
         for c, p in chunks:
             s.extend(c, p)
         s.close()
-
-    def commit_responses(self, store: Any, uid: str, responses: list[np.ndarray]) -> None:
-        store.append_many({self._uid(uid): responses}, {self._uid(uid): [self._probs(r) for r in responses]})
-
-    def extend_sample(self, sample: Any, tokens: list[int]) -> None:
-        sample.extend(tokens, self._probs(tokens))
-
-    def end_group(self, store: Any, uid: str, group: Any, samples: list, responses: list) -> None:
-        for s in samples:
-            s.close()
-        ids = [s.sequence_id for s in samples]
-        store.append_many({self._uid(uid): [group.sequence(i) for i in ids]},
-                          {self._uid(uid): [group.sequence_probs(i) for i in ids]})
 
 
 class Arctic(New):

@@ -62,6 +62,11 @@ def _ids(d: dict, key: str, allow_empty: bool) -> list[int]:
     return ids
 
 
+def _p_hat(logprobs: np.ndarray) -> np.ndarray:
+    """Probabilities from log-probs (NaN stays unknown); a log-prob rounded just above 0 gives 1."""
+    return np.minimum(np.exp(logprobs), 1.0)
+
+
 def _probs(d: dict, n: int) -> np.ndarray | None:
     """p-hat from `response_logprobs` (numbers <= 0 or null, one per response token), if given."""
     lps = d.get("response_logprobs")
@@ -75,7 +80,7 @@ def _probs(d: dict, n: int) -> np.ndarray | None:
     a = np.array([np.nan if x is None else x for x in lps], dtype=np.float64)
     if (a[~np.isnan(a)] > 1e-6).any() or np.isinf(a).any():
         raise ValueError("`response_logprobs` must be finite log-probabilities (<= 0)")
-    return None if np.isnan(a).all() else np.minimum(np.exp(a), 1.0)
+    return None if np.isnan(a).all() else _p_hat(a)
 
 
 def _messages(prompt: Any) -> list[dict[str, str]]:
@@ -142,7 +147,7 @@ class _Probs:
         if self.p.size < len(s.input_ids):
             self.p = np.concatenate([self.p, np.zeros(len(s.input_ids) - self.p.size, np.float32)])
         trained = np.flatnonzero(np.asarray(s.loss_mask, dtype=bool))
-        self.p[trained] = np.minimum(1.0, np.exp(np.asarray(s.old_logprobs, dtype=np.float64)[trained]))
+        self.p[trained] = _p_hat(np.asarray(s.old_logprobs, dtype=np.float64)[trained])
 
     def of(self, start: int, end: int) -> np.ndarray | None:
         """p-hat of tokens [start, end), or None unless every step was there and sampled."""
