@@ -13,7 +13,7 @@ from typing import Any
 from srtcli.errors import SrtError
 from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.driver import Groups
-from srtcli.rollout.plan import Plan, check_prompts_early
+from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
 from srtcli.rollout.steps import Sample
 from srtcli.rollout.summary import Counts, Run, reward_mean
 
@@ -160,14 +160,15 @@ class EmbeddedBackend:
 
 
 def rollout_batches(c: RolloutConfig, pl: Plan) -> tuple[list, list]:
-    """The engine's sequences of each rollout batch (K per prompt), and the prompts each batch
-    runs ahead for: the next batch's, or after the last batch the file's first (the next epoch's)."""
+    """The engine's sequences of each rollout batch (K per prompt, in `admission_order`), and the
+    prompts each batch runs ahead for: the next batch's, or after the last batch the file's
+    first (the next epoch's)."""
     from srtcli.rollout.engine.sequence import Sequence
     from srtcli.rollout.runahead import Upcoming
 
     chunks, prompts, uids = pl.chunks, pl.prompts, pl.uids
     batches = [[Sequence(prompts[i].ids, c.max_new_tokens, group=uids[i],
-                         meta={"prompt_id": prompts[i].id, "sample": s}) for i in chunk for s in range(c.k)]
+                         meta={"prompt_id": prompts[i].id, "sample": s}) for i, s in admission_order(chunk, c.k)]
                for chunk in chunks]
     nxt = [chunks[b + 1] if b + 1 < len(chunks) else list(range(len(prompts))) for b in range(len(chunks))]
     return batches, [[Upcoming(uids[i], prompts[i].ids) for i in n] for n in nxt]

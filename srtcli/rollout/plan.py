@@ -35,6 +35,16 @@ class Plan:
         return [self.todo[i: i + self.per] for i in range(0, len(self.todo), self.per)]
 
 
+def admission_order(chunk: list[int], k: int) -> list[tuple[int, int]]:
+    """The (prompt, sample) pairs of a rollout batch in the order the engine starts them:
+    sample-major (sample 0 of every prompt, then sample 1, ...). When the batch holds more
+    samples than the engine has rows, a prompt's later samples start once rows free up, and
+    draft from the outputs its earlier samples have completed or run ahead with, instead of
+    all K starting together and feeding each other only what they generate in lockstep. The
+    samples that do start together still share their prompt's prefill."""
+    return [(i, s) for s in range(k) for i in chunk]
+
+
 def check_prompts_early(config: RolloutConfig) -> None:
     """Prompt-file errors that need no model (JSON, the reward's fields), before it loads."""
     from srtcli.rollout.prompts import read_records

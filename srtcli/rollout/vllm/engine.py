@@ -37,7 +37,7 @@ from typing import Any
 from srtcli.errors import SrtError
 from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.driver import Groups
-from srtcli.rollout.plan import Plan, check_prompts_early
+from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
 from srtcli.rollout.steps import Sample
 from srtcli.rollout.summary import Counts, Run
 from srtcli.rollout.vllm.counters import add_counters, spec_metrics, vllm_counts
@@ -189,12 +189,14 @@ class VllmBackend:
     def generate(self, pl: Plan, groups: Groups) -> None:
         c, k = self.config, self.config.k
         for chunk in pl.chunks:
-            # K requests of n=1 per prompt: vLLM refuses n > 1 for greedy requests
-            results = self.llm.generate([{"prompt_token_ids": pl.prompts[i].ids} for i in chunk for _ in range(k)],
-                                        [sampling(c, i * k + s) for i in chunk for s in range(k)], use_tqdm=False)
-            for j, i in enumerate(chunk):
-                outs = [r.outputs[0] for r in results[j * k: (j + 1) * k]]
-                groups.group(i, [self.sample(pl.prompts[i], s, o) for s, o in enumerate(outs)])
+            # K requests of n=1 per prompt (vLLM refuses n > 1 for greedy requests), queued in
+            # `admission_order`; vLLM returns them in the order given
+            order = admission_order(chunk, k)
+            results = self.llm.generate([{"prompt_token_ids": pl.prompts[i].ids} for i, _ in order],
+                                        [sampling(c, i * k + s) for i, s in order], use_tqdm=False)
+            outs = {pair: r.outputs[0] for pair, r in zip(order, results)}
+            for i in chunk:
+                groups.group(i, [self.sample(pl.prompts[i], s, outs[i, s]) for s in range(k)])
             if self.drafting:
                 add_counters(self.srt, self.llm.collective_rpc("srt_finish")[0])
             groups.batch_done()
