@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from srtcli.errors import SrtError
 from srtcli.rollout.agent.toolset import ToolCall
-from srtcli.rollout.tools import find_tool_call, result_tag
+from srtcli.rollout.tools import STOP_STRINGS, find_tool_call, result_tag
 
 CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -35,6 +35,10 @@ class CallFormat(Protocol):
 
     def ends_call(self, turn_text: str, at_eos: bool) -> bool:
         """Whether the turn so far (ending at an eos, or at a stop-candidate token) calls a tool."""
+
+    def may_end_call(self, tail_text: str, at_eos: bool) -> bool:
+        """A necessary condition for `ends_call`, read from the end of the turn's text alone (its
+        last tokens decoded): False means the turn does not end in a call here."""
 
     def calls(self, turn_text: str, prefix: str = "") -> list[ToolCall]:
         """The calls in a finished turn (after `prefix`, the conversation so far), in order;
@@ -55,6 +59,9 @@ class TagFormat:
 
     def ends_call(self, turn_text: str, at_eos: bool) -> bool:
         return not at_eos and find_tool_call(turn_text) is not None
+
+    def may_end_call(self, tail_text: str, at_eos: bool) -> bool:
+        return not at_eos and tail_text.rstrip().endswith(STOP_STRINGS)  # `find_tool_call` needs a closing tag
 
     def calls(self, turn_text: str, prefix: str = "") -> list[ToolCall]:
         call = find_tool_call(turn_text)
@@ -86,6 +93,9 @@ class ChatFormat:
 
     def ends_call(self, turn_text: str, at_eos: bool) -> bool:
         return at_eos and OPEN in turn_text
+
+    def may_end_call(self, tail_text: str, at_eos: bool) -> bool:
+        return at_eos
 
     def calls(self, turn_text: str, prefix: str = "") -> list[ToolCall]:
         if self.template:

@@ -19,6 +19,12 @@ from srtcli.rollout.agent.runner import ToolRunner
 from srtcli.rollout.agent.toolset import ToolCall, ToolSession, ToolSet
 
 TRUNCATED = " ...[truncated]"
+# A stop candidate is screened on the text of the turn's last TAIL_TOKENS tokens (the format's
+# `may_end_call`) before the whole turn is decoded, so a long turn's stop checks cost the same at
+# token 16,000 as at token 16. Decoding a window differs from decoding the whole turn only at
+# the window's start (a leading space a tokenizer strips, a character split between tokens), so
+# the screen trusts a window whose text has at least TRUST_CHARS characters, else decodes it all.
+TAIL_TOKENS, TRUST_CHARS = 32, 24
 
 
 @dataclass(frozen=True)
@@ -42,11 +48,17 @@ class AgentHooks:
     def stop(self, seq: Any, emitted: list[int]) -> int | None:
         """How many emitted tokens the turn keeps if it ends in a tool call here, else None."""
         for i, t in enumerate(emitted):
-            if t in self.candidates:
-                text = self._text(seq.tokens[seq.turn_start:] + emitted[: i + 1])
-                if self.fmt.ends_call(text, t in self.eos_ids):
-                    return i + 1
+            if t in self.candidates and self._ends_call(seq, emitted[: i + 1], t in self.eos_ids):
+                return i + 1
         return None
+
+    def _ends_call(self, seq: Any, emitted: list[int], at_eos: bool) -> bool:
+        """Whether the turn so far, then `emitted`, ends in a call (screened on its tail first)."""
+        if len(seq.tokens) - seq.turn_start + len(emitted) > TAIL_TOKENS:
+            tail = self._text((seq.tokens[-TAIL_TOKENS:] + emitted)[-TAIL_TOKENS:])
+            if len(tail.rstrip()) >= TRUST_CHARS and not self.fmt.may_end_call(tail, at_eos):
+                return False
+        return self.fmt.ends_call(self._text(seq.tokens[seq.turn_start:] + emitted), at_eos)
 
     def turn_end(self, seq: Any) -> Any:
         """The turn's tool output: tokens, a pending `ToolTurn`, a finish reason, or None (stop)."""
