@@ -54,6 +54,10 @@ def repeat(rounds: int, names: list[str], epochs: int, work: Path, run: Callable
     return out
 
 
+def wall(s: dict) -> float:
+    return s["wall_s"]
+
+
 def _host_ms(s: dict) -> float:
     return 1e3 * (s["wall_s"] - s["model_s"]) / max(s["target_forwards"], 1)
 
@@ -87,7 +91,3 @@ def report(out: dict[str, list[dict]], epochs: int) -> None:
         if "srt" in out and other in out:
             print(f"epoch {epochs} srt vs {other}, wall (repeated): {_ratios(out['srt'], out[other], wall)}; "
                   f"fastest rounds {_best(out['srt'], out[other], wall)} {target}")
-
-
-def wall(s: dict) -> float:
-    return s["wall_s"]
