@@ -7,10 +7,11 @@ same work every round (the same tokens and forwards), so only the time differs, 
 hits the configs of one round alike. A drafter whose cache lives in the drafter object
 (`arctic`) is built afresh and warmed with the earlier epochs each round (untimed). Reported:
 each config's median wall and model time, and the median over rounds of each round's ratio to
-`none` (and srt's to `arctic`), wall, model time and host time per forward. Beside them, each
-config's fastest round and the ratio of the fastest rounds: the machine's drift only ever adds
-time, so a config's fastest round is the best estimate of what its work costs, and the ratio of
-the minima does not depend on a drift that hit one config's run inside a round.
+`none` (and srt's to `arctic`), wall, model time and host time per forward and per generated
+token. Beside them, each config's fastest round and the ratio of the fastest rounds: the
+machine's drift only ever adds time, so a config's fastest round is the best estimate of what
+its work costs, and the ratio of the minima does not depend on a drift that hit one config's
+run inside a round.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ def wall(s: dict) -> float:
     return s["wall_s"]
 
 
+def _host_us_per_token(s: dict) -> float:
+    return 1e6 * (s["wall_s"] - s["model_s"]) / max(s["generated_tokens"], 1)
+
+
 def _host_ms(s: dict) -> float:
     return 1e3 * (s["wall_s"] - s["model_s"]) / max(s["target_forwards"], 1)
 
@@ -85,7 +90,8 @@ def report(out: dict[str, list[dict]], epochs: int) -> None:
         if "none" in out and name != "none":
             line += (f"  vs none: wall {_ratios(ss, out['none'], wall)}, fastest {_best(ss, out['none'], wall)}"
                      f"  model {_ratios(ss, out['none'], lambda s: s['model_s'])}"
-                     f"  host/forward {_ratios(out['none'], ss, _host_ms)}")
+                     f"  host/forward {_ratios(out['none'], ss, _host_ms)}"
+                     f"  host/token {_ratios(out['none'], ss, _host_us_per_token)}")
         print(line)
     for other, target in (("arctic", "(target >= 1.3x)"), ("none", "(target >= 1.6x, or within 10% of the ceiling)")):
         if "srt" in out and other in out:
