@@ -5,6 +5,7 @@ appending only this run's sequences to a real LMDB sequence store)."""
 from __future__ import annotations
 
 import math
+import random
 
 from cache_store.seqstore import LmdbSequenceStore, load_tree
 from srtcli.rollout.drafters import make_drafter
@@ -26,6 +27,36 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert d.propose(seq([7, 1, 8, 1, 9, 7, 1]), 2).tokens == [8, 1]
     assert d.propose(seq([1, 2, 3]), 4).tokens == []
     assert d.propose(seq([5, 6, 5]), 4).tokens == [6, 5]
+
+
+def reference_ngram(toks: list[int], budget: int, min_n: int = 1, max_n: int = 3) -> list[int]:
+    """Prompt lookup written as the plain backward scan it is specified by."""
+    n_max = min(max_n, len(toks) - 1)
+    best_n, best_i = 0, -1
+    for i in range(len(toks) - 2, -1, -1):
+        m = 0
+        while m < n_max and m <= i and toks[i - m] == toks[len(toks) - 1 - m]:
+            m += 1
+        if m > best_n:
+            best_n, best_i = m, i
+    return toks[best_i + 1: best_i + 1 + budget] if n_max >= min_n and best_n >= min_n else []
+
+
+def test_ngram_matches_the_backward_scan_as_the_engine_extends_it():
+    rng = random.Random(0)
+    for case in range(400):
+        min_n, max_n = rng.choice([(1, 3), (2, 4), (1, 1), (3, 3)])
+        d = NgramDrafter(min_n=min_n, max_n=max_n)
+        vocab = rng.choice([2, 3, 5, 20, 400])
+        s = seq([rng.randrange(vocab) for _ in range(rng.randint(1, 6))])
+        d.begin(s)
+        for _ in range(rng.randint(1, 30)):  # past SCAN_MAX tokens too: the vectorised search
+            new = [rng.randrange(vocab) for _ in range(rng.randint(1, 20))]
+            s.tokens += new
+            d.extend(s, new)
+            budget = rng.randint(1, 8)
+            assert d.propose(s, budget).tokens == reference_ngram(s.tokens, budget, min_n, max_n), case
+        assert NgramDrafter(min_n, max_n).propose(seq(s.tokens), 5).tokens == reference_ngram(s.tokens, 5, min_n, max_n)
 
 
 def test_suffix_uses_the_global_tree_across_prompts_and_caps_by_match_length():
