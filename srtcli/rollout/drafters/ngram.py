@@ -7,7 +7,7 @@ Deterministic, so drafts are verified as point masses.
 Two ways to the same proposal: a plain Python backward scan for short contexts (a few us at
 a few hundred tokens), and for longer ones a few vectorised passes over the sequence's tokens,
 which it keeps in a numpy array appended to as the engine extends it (like vLLM's proposer it
-still reads the whole context: 20-40 us at 16,000 tokens, against ~1 ms for the scan;
+still reads the whole context: ~20 us at 16,000 tokens, against ~0.5 ms for the scan;
 bench/drafter_cost_bench.py).
 """
 
