@@ -67,15 +67,24 @@ def _host_ms(s: dict) -> float:
     return 1e3 * (s["wall_s"] - s["model_s"]) / max(s["target_forwards"], 1)
 
 
+def round_ratios(num: list[dict], den: list[dict], key: Callable[[dict], float] = wall) -> list[float]:
+    """key(den) / key(num) in each round: `num`'s speed-up on `den`."""
+    return [key(d) / key(n) for n, d in zip(num, den)]
+
+
+def fastest_ratio(num: list[dict], den: list[dict], key: Callable[[dict], float] = wall) -> float:
+    """min over rounds of key(den) / min of key(num): the fastest rounds' ratio."""
+    return min(map(key, den)) / min(map(key, num))
+
+
 def _ratios(num: list[dict], den: list[dict], key: Callable[[dict], float]) -> str:
-    """Median [min-max] over rounds of key(den) / key(num): `num`'s speed-up on `den`."""
-    rs = [key(d) / key(n) for n, d in zip(num, den)]
+    """Median [min-max] over rounds of `round_ratios`."""
+    rs = round_ratios(num, den, key)
     return f"{statistics.median(rs):.2f}x [{min(rs):.2f}-{max(rs):.2f}]"
 
 
 def _best(num: list[dict], den: list[dict], key: Callable[[dict], float]) -> str:
-    """min over rounds of key(den) / min of key(num): the fastest rounds' ratio."""
-    return f"{min(map(key, den)) / min(map(key, num)):.2f}x"
+    return f"{fastest_ratio(num, den, key):.2f}x"
 
 
 def report(out: dict[str, list[dict]], epochs: int) -> None:

@@ -66,7 +66,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.repeat_epoch import repeat, snapshot  # noqa: E402
+from bench.repeat_epoch import fastest_ratio, repeat, round_ratios, snapshot  # noqa: E402
 
 CONFIGS = {
     "none": dict(draft="none", run_ahead=False),
@@ -330,24 +330,21 @@ def measure_ceiling(args, model: Path, prompts: Path, work: Path) -> dict:
             o.update(temperature=0.0, drafter=oracle)
             runs[mode] = embedded_rollout(**o)
         rounds.append(runs)
-    ratios = [{k: rr["plain"][k] / max(rr["replay"][k], 1e-9) for k in ("model_s", "wall_s", "target_forwards")}
-              for rr in rounds]
-    ratio = {k: statistics.median(x[k] for x in ratios) for k in ratios[0]}
-    fastest = {k: min(rr["plain"][k] for rr in rounds) / min(rr["replay"][k] for rr in rounds)
-               for k in ("model_s", "wall_s")}
-    replay = rounds[0]["replay"]
-    print(f"\ncompute-bound ceiling (greedy; every draft accepted, {replay['accepted_per_forward']:.2f} tokens per "
+    plain, replay = [rr["plain"] for rr in rounds], [rr["replay"] for rr in rounds]
+    ratio = {k: statistics.median(round_ratios(replay, plain, lambda s: s[k])) for k in ("model_s", "wall_s", "target_forwards")}
+    fastest = {k: fastest_ratio(replay, plain, lambda s: s[k]) for k in ("model_s", "wall_s")}
+    print(f"\ncompute-bound ceiling (greedy; every draft accepted, {replay[0]['accepted_per_forward']:.2f} tokens per "
           f"forward): model time {ratio['model_s']:.2f}x, wall {ratio['wall_s']:.2f}x, forwards "
           f"{ratio['target_forwards']:.2f}x plain" + (f" (median of {len(rounds)} rounds; fastest rounds: model time "
                                                        f"{fastest['model_s']:.2f}x, wall {fastest['wall_s']:.2f}x)"
                                                        if len(rounds) > 1 else ""))
-    return {"plain": rounds[0]["plain"], "replay": replay, "ratios": ratio, "fastest": fastest, "rounds": rounds}
+    return {"plain": plain[0], "replay": replay[0], "ratios": ratio, "fastest": fastest, "rounds": rounds}
 
 
 def against_ceiling(rounds: dict, ceiling: dict, epoch: int) -> None:
     """srt's repeated wall-time ratio to `none` as a share of the ceiling's (the target: within 10%)."""
-    srt = statistics.median(n["wall_s"] / s["wall_s"] for s, n in zip(rounds["srt"], rounds["none"]))
-    fast = min(n["wall_s"] for n in rounds["none"]) / min(s["wall_s"] for s in rounds["srt"])
+    srt = statistics.median(round_ratios(rounds["srt"], rounds["none"]))
+    fast = fastest_ratio(rounds["srt"], rounds["none"])
     c, cf = ceiling["ratios"]["wall_s"], ceiling["fastest"]["wall_s"]
     print(f"epoch {epoch} srt vs none, wall: {srt:.2f}x, {srt / c:.2f} of the ceiling's {c:.2f}x; fastest rounds "
           f"{fast:.2f}x, {fast / cf:.2f} of {cf:.2f}x (target: >= 1.6x, or >= 0.9 of the ceiling)")
