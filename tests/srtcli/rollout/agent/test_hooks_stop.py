@@ -2,12 +2,11 @@
 on the decoded tail of the turn and decodes the whole turn only when that tail looks like the
 end of a call. It decides exactly as decoding the whole turn at every candidate (turns far
 longer than the tail, calls at the end, random byte tokens that split characters at the tail's
-start), and a check's cost does not grow with the turn."""
+start), and a check decodes no more of a long turn than its tail."""
 
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -78,19 +77,21 @@ def test_a_tail_too_short_to_hold_a_call_is_caught(hooks, monkeypatch):
     assert disagreements(hooks, n=100)[0] > 0
 
 
-def test_a_check_costs_the_same_on_a_long_turn(hooks):
+def test_a_check_decodes_the_tail_of_a_long_turn_only(hooks, monkeypatch):
     tok = hooks.tok
-    filler = tok.encode(" The answer is 3*4 = 12 and then" * 4, add_special_tokens=False)
-    (gt,) = [t for t in tok.encode(">", add_special_tokens=False)]
+    filler = tok.encode(" The answer is 3*4 = 12 and then", add_special_tokens=False)
+    (gt,) = tok.encode(">", add_special_tokens=False)
     assert gt in hooks.candidates
-
-    def per_check(turn_len: int) -> float:
+    decoded = []
+    text = hooks._text
+    monkeypatch.setattr(hooks, "_text", lambda ids: decoded.append(len(ids)) or text(ids))
+    for n in (64, 16_000):
         seq = Sequence([1, 2], 100_000)
-        seq.tokens = [1, 2] + (filler * (turn_len // len(filler) + 1))[:turn_len]
-        t0 = time.perf_counter()
-        for _ in range(200):
-            assert hooks.stop(seq, [gt]) is None
-        return (time.perf_counter() - t0) / 200
-
-    short, long = min(per_check(64) for _ in range(3)), min(per_check(16_000) for _ in range(3))
-    assert long < 5 * short  # decoding 16,000 tokens every check would cost ~100x
+        seq.tokens = [1, 2] + (filler * (n // len(filler) + 1))[:n]
+        decoded.clear()
+        assert hooks.stop(seq, [gt]) is None
+        assert decoded == [hooks_module.TAIL_TOKENS]  # not the turn's n + 1 tokens
+    seq.tokens += tok.encode("<calc>3*4</calc", add_special_tokens=False)
+    decoded.clear()
+    assert hooks.stop(seq, [gt]) == 1  # a call's end: the whole turn is decoded to read it
+    assert decoded == [hooks_module.TAIL_TOKENS, len(seq.tokens) - seq.turn_start + 1]
