@@ -168,7 +168,7 @@ def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path)
                 temperature=args.temperature, top_p=1.0, top_k=0, seed=args.seed, draft=cfg["draft"],
                 budget=args.budget * cfg.get("budget_scale", 1), min_prob=args.min_prob, draft_mode=cfg.get("draft_mode", "sample"),
                 cache_opt=str(cache), out=str(out), batch_size=args.batch_size,
-                rollout_batch=args.rollout_batch, run_ahead=cfg["run_ahead"],
+                rollout_batch=args.rollout_batch, admission=args.admission, run_ahead=cfg["run_ahead"],
                 run_ahead_tokens=args.run_ahead_tokens, tools="calculator" if args.tools else None,
                 reward=None, device=args.device, threads=args.threads, resume=False,
                 adaptive_budget=False if args.fixed_budget else cfg.get("adaptive"),
@@ -228,6 +228,8 @@ def main() -> None:
     ap.add_argument("--min-prob", type=float, default=0.1)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--rollout-batch", type=int, default=8)
+    ap.add_argument("--admission", choices=["sample", "prompt"], default="sample",
+                    help="the order a rollout batch's samples start in (srt rollout --admission)")
     ap.add_argument("--run-ahead-tokens", type=int, default=32)
     ap.add_argument("--tools", action="store_true", help="run the calculator tool")
     ap.add_argument("--fixed-budget", action="store_true", help="no adaptive draft length for any config")

@@ -60,6 +60,11 @@ from srtcli.rollout.drafters import DRAFTERS
               help="Sequences generated together (engine slots; capped at what the prompts need).")
 @click.option("--rollout-batch", type=click.IntRange(min=0), default=default("rollout_batch"), show_default=True,
               help="Prompts per synchronous rollout batch (0 = the whole file).")
+@click.option("--admission", type=click.Choice(["sample", "prompt"]), default=default("admission"),
+              show_default=True,
+              help="Order a rollout batch's samples start in: sample-major (one sample of every prompt, "
+                   "then the next: later samples draft from finished ones) or prompt-major (a prompt's K "
+                   "samples together: one prompt prefill each; for long prompts with short answers).")
 @click.option("--run-ahead/--no-run-ahead", default=default("run_ahead"),
               help="Long-tail run-ahead [default: on with CUDA; off on CPU, where its extra rows "
                    "slow the real work (docs/benchmarks.md)].")

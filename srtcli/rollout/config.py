@@ -37,6 +37,7 @@ class RolloutConfig:
     out: str = "pool"
     batch_size: int = 32
     rollout_batch: int = 0  # 0: the whole file
+    admission: str = "sample"  # the order a rollout batch's samples start in (plan.admission_order)
     run_ahead: bool | None = None  # None: by device (`run_ahead_on`)
     run_ahead_tokens: int = 32
     tools: str | None = None  # None: by model (`tool`)

@@ -35,13 +35,16 @@ class Plan:
         return [self.todo[i: i + self.per] for i in range(0, len(self.todo), self.per)]
 
 
-def admission_order(chunk: list[int], k: int) -> list[tuple[int, int]]:
-    """The (prompt, sample) pairs of a rollout batch in the order the engine starts them:
-    sample-major (sample 0 of every prompt, then sample 1, ...). When the batch holds more
-    samples than the engine has rows, a prompt's later samples start once rows free up, and
-    draft from the outputs its earlier samples have completed or run ahead with, instead of
-    all K starting together and feeding each other only what they generate in lockstep. The
-    samples that do start together still share their prompt's prefill."""
+def admission_order(chunk: list[int], k: int, order: str = "sample") -> list[tuple[int, int]]:
+    """The (prompt, sample) pairs of a rollout batch in the order the engine starts them.
+    "sample" (sample-major: sample 0 of every prompt, then sample 1, ...): when the batch holds
+    more samples than the engine has rows, a prompt's later samples start once rows free up, and
+    draft from the outputs its earlier samples have completed or run ahead with, instead of all
+    K starting together and feeding each other only what they generate in lockstep; the
+    samples that do start together still share their prompt's prefill. "prompt"
+    (prompt-major): a prompt's K samples together, so its prompt is prefilled once."""
+    if order == "prompt":
+        return [(i, s) for i in chunk for s in range(k)]
     return [(i, s) for s in range(k) for i in chunk]
 
 

@@ -191,7 +191,7 @@ class VllmBackend:
         for chunk in pl.chunks:
             # K requests of n=1 per prompt (vLLM refuses n > 1 for greedy requests), queued in
             # `admission_order`; vLLM returns them in the order given
-            order = admission_order(chunk, k)
+            order = admission_order(chunk, k, c.admission)
             results = self.llm.generate([{"prompt_token_ids": pl.prompts[i].ids} for i, _ in order],
                                         [sampling(c, i * k + s) for i, s in order], use_tqdm=False)
             outs = {pair: r.outputs[0] for pair, r in zip(order, results)}

@@ -1,6 +1,7 @@
-"""The order a rollout batch's samples start in: sample-major, so that when a batch holds more
-samples than the engine has rows, every prompt has started before any prompt's second sample,
-and a prompt's later samples draft from what its earlier ones generated."""
+"""The order a rollout batch's samples start in: sample-major by default, so that when a batch
+holds more samples than the engine has rows, every prompt has started before any prompt's
+second sample, and a prompt's later samples draft from what its earlier ones generated;
+prompt-major (`--admission prompt`, flag or config key) starts a prompt's K samples together."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from srtcli.rollout.plan import Plan, admission_order
 from srtcli.rollout.prompts import PromptRecord
 
 
-def test_admission_is_sample_major():
+def test_admission_is_sample_major_unless_asked_prompt_major():
     assert admission_order([3, 5], 3) == [(3, 0), (5, 0), (3, 1), (5, 1), (3, 2), (5, 2)]
-    assert admission_order([7], 2) == [(7, 0), (7, 1)]
+    assert admission_order([3, 5], 3, "prompt") == [(3, 0), (3, 1), (3, 2), (5, 0), (5, 1), (5, 2)]
+    assert admission_order([7], 2) == admission_order([7], 2, "prompt") == [(7, 0), (7, 1)]
     assert admission_order([], 4) == []
 
 
@@ -29,3 +31,31 @@ def test_embedded_batches_start_one_sample_of_every_prompt_first(tmp_path: Path)
                      [("u3", 0), ("u4", 0), ("u3", 1), ("u4", 1)]]
     assert all(s.tokens == prompts[int(s.group[1:])].ids for b in batches for s in b)
     assert [[u.uid for u in up] for up in upcoming] == [["u3", "u4"], ["u0", "u1", "u2", "u3", "u4"]]
+
+
+def test_the_flag_or_the_config_key_reaches_the_engine(tmp_path: Path, monkeypatch):
+    from click.testing import CliRunner
+
+    from srtcli.cli import cli
+    from srtcli.rollout import embedded
+
+    seen, batches = [], embedded.rollout_batches
+
+    def spy(c, pl):
+        out = batches(c, pl)
+        seen.append([(s.group, s.meta["sample"]) for s in out[0][0]])
+        return out
+
+    monkeypatch.setattr(embedded, "rollout_batches", spy)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1?"}\n{"prompt": "2+2?"}\n')
+    (tmp_path / "c.yaml").write_text("admission: prompt\n")
+    for name, args in (("default", []), ("flag", ["--admission", "prompt"]),
+                       ("config", ["--config", str(tmp_path / "c.yaml")]),
+                       ("both", ["--config", str(tmp_path / "c.yaml"), "--admission", "sample"])):
+        r = CliRunner().invoke(cli, ["rollout", "--prompts", str(tmp_path / "p.jsonl"), "-n", "2", "--max-new-tokens",
+                                     "4", "--draft", "none", "--out", str(tmp_path / name), "--json", *args])
+        assert r.exit_code == 0, r.output
+    samples = [[s for _, s in order] for order in seen]
+    assert samples == [[0, 0, 1, 1], [0, 1, 0, 1], [0, 1, 0, 1], [0, 0, 1, 1]]  # the flag wins over the file
+    r = CliRunner().invoke(cli, ["rollout", "--prompts", str(tmp_path / "p.jsonl"), "--admission", "random"])
+    assert r.exit_code != 0 and "--admission" in r.output
