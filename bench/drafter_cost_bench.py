@@ -70,7 +70,8 @@ def main() -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     rng = np.random.default_rng(0)
     paths = [zipf_tokens(rng, 2 * max(lengths) + 1024) for _ in range(3)]
-    tokens = [int(t) for t in rng.integers(3, 32_000, 256)] + [int(t) for t in noisy_copy(rng, paths, max(lengths) + 3 * args.steps + 64)]
+    response = noisy_copy(rng, paths, max(lengths) + 3 * args.steps + 64)
+    tokens = [int(t) for t in rng.integers(3, 32_000, 256)] + [int(t) for t in response]
     print(f"{'drafter':12s}" + "".join(f"{n:>12d}" for n in lengths) + "   (us per row step, by generated tokens)")
     for name in args.drafters.split(","):
         row = []

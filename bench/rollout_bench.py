@@ -328,12 +328,14 @@ def measure_ceiling(args, model: Path, prompts: Path, work: Path) -> dict:
         for mode in ("plain", "replay"):
             oracle.replay = mode == "replay"
             tag = f"{mode}-{r}"
-            o = options(args, CONFIGS["srt"], model, prompts, work / f"cache-ceiling-{tag}", work / f"pool-ceiling-{tag}")
+            o = options(args, CONFIGS["srt"], model, prompts, work / f"cache-ceiling-{tag}",
+                        work / f"pool-ceiling-{tag}")
             o.update(temperature=0.0, drafter=oracle)
             runs[mode] = embedded_rollout(**o)
         rounds.append(runs)
     plain, replay = [rr["plain"] for rr in rounds], [rr["replay"] for rr in rounds]
-    ratio = {k: statistics.median(round_ratios(replay, plain, lambda s: s[k])) for k in ("model_s", "wall_s", "target_forwards")}
+    ratio = {k: statistics.median(round_ratios(replay, plain, lambda s: s[k]))
+             for k in ("model_s", "wall_s", "target_forwards")}
     fastest = {k: fastest_ratio(replay, plain, lambda s: s[k]) for k in ("model_s", "wall_s")}
     print(f"\ncompute-bound ceiling (greedy; every draft accepted, {replay[0]['accepted_per_forward']:.2f} tokens per "
           f"forward): model time {ratio['model_s']:.2f}x, wall {ratio['wall_s']:.2f}x, forwards "

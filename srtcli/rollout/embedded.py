@@ -168,8 +168,8 @@ def rollout_batches(c: RolloutConfig, pl: Plan) -> tuple[list, list]:
 
     chunks, prompts, uids = pl.chunks, pl.prompts, pl.uids
     batches = [[Sequence(prompts[i].ids, c.max_new_tokens, group=uids[i],
-                         meta={"prompt_id": prompts[i].id, "sample": s}) for i, s in admission_order(chunk, c.k, c.admission)]
-               for chunk in chunks]
+                         meta={"prompt_id": prompts[i].id, "sample": s})
+                for i, s in admission_order(chunk, c.k, c.admission)] for chunk in chunks]
     nxt = [chunks[b + 1] if b + 1 < len(chunks) else list(range(len(prompts))) for b in range(len(chunks))]
     return batches, [[Upcoming(uids[i], prompts[i].ids) for i in n] for n in nxt]
 

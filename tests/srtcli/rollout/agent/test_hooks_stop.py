@@ -19,8 +19,8 @@ from srtcli.rollout.agent.runner import ToolRunner
 from srtcli.rollout.agent.toolset import ToolSet
 from srtcli.rollout.engine.sequence import Sequence
 
-PIECES = ["<calc>", "</calc>", "<calc>3*4</calc>", "<result>12</result>", "3*4", "(7+5)", " ", "  ", "\n", ">", "<", "/", "calc",
-          "The answer is ", "é", "×", "→", "—", "ok."]
+PIECES = ["<calc>", "</calc>", "<calc>3*4</calc>", "<result>12</result>", "3*4", "(7+5)", " ", "  ", "\n", ">", "<",
+          "/", "calc", "The answer is ", "é", "×", "→", "—", "ok."]
 
 
 @pytest.fixture(scope="module")
