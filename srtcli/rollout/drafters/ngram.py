@@ -6,9 +6,9 @@ Deterministic, so drafts are verified as point masses.
 
 Two ways to the same proposal: a plain Python backward scan for short contexts (a few us at
 a few hundred tokens), and for longer ones a few vectorised passes over the sequence's tokens,
-which it keeps in a numpy array appended to as the engine extends it (like vLLM's proposer it
-still reads the whole context: ~20 us at 16,000 tokens, against ~0.5 ms for the scan;
-bench/drafter_cost_bench.py).
+kept in a numpy array made when the context passes SCAN_MAX tokens and appended to as the
+engine extends it. Like vLLM's proposer it still reads the whole context: ~20 us at 16,000
+tokens, against ~0.5 ms for the scan (bench/drafter_cost_bench.py).
 """
 
 from __future__ import annotations
@@ -82,10 +82,11 @@ class NgramDrafter(Drafter):
         self.min_n, self.max_n = min_n, max_n
 
     def begin(self, seq: Any) -> None:
-        seq.drafter_state = TokenArray(seq.tokens)
+        seq.drafter_state = None  # the array is made once the context outgrows the scan
 
     def extend(self, seq: Any, tokens: list[int]) -> None:
-        seq.drafter_state.add(tokens)
+        if seq.drafter_state is not None:
+            seq.drafter_state.add(tokens)
 
     def end(self, seq: Any) -> None:
         seq.drafter_state = None
@@ -98,8 +99,8 @@ class NgramDrafter(Drafter):
             n, i = scan_match(seq.tokens, n_max)
         else:
             state = seq.drafter_state
-            if not isinstance(state, TokenArray) or state.n != len(seq.tokens):  # not begun by an engine
-                state = TokenArray(seq.tokens)
+            if state is None or state.n != len(seq.tokens):  # first past SCAN_MAX, or not extended by an engine
+                state = seq.drafter_state = TokenArray(seq.tokens)
             n, i = latest_longest_match(state.view(), n_max)
         if n < self.min_n:
             return Proposal([])
