@@ -23,7 +23,8 @@
 #   4. profiles epoch 3 of none and srt (cProfile): on a GPU the 1.2M-parameter model leaves
 #      host Python as the likely bottleneck, and this says where it goes;
 #   5. prints bench/proposer_bench.py (the vLLM proposer's host cost per row per step, 256 rows,
-#      1,000- and 8,192-token responses; CPU work, ~1 minute) on that machine's CPU;
+#      1,000- and 8,192-token responses, then verified rows drafting the whole budget with an
+#      earlier epoch in the trees, acceptance beside cost; CPU work, ~2 minutes) on that machine's CPU;
 #   6. where the image has vLLM (too large to carry: without it this prints one line and skips):
 #      the SRT speculator against `none` and vLLM's own `suffix` on CUDA, one engine each side by
 #      side (bench/rollout_bench.py --engine vllm: K = 8, T = 0, three epochs on one cache, the
@@ -86,6 +87,8 @@ step "SRT proposer host cost per vLLM step (CPU only; printed beside the CUDA fi
 for t in 1000 8192; do
     timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens $t --steps 600 --own-tree 2>&1 | tail -6
 done
+# drafting beside cost as vLLM on CUDA runs it: verified rows, the whole budget, an earlier epoch
+timeout 120 $PY bench/proposer_bench.py --rows 256 --tokens 1000 --steps 600 --verify --fixed-budget --history 8 2>&1 | tail -4
 step "vLLM on $DEV: the SRT speculator against none and vLLM's suffix, then vllm serve with it"
 if $PY -c "import vllm" >/dev/null 2>&1; then
     VCONF=none,srt

@@ -3,49 +3,66 @@ ArcticInference's suffix cache driven the way vLLM's `suffix` method drives it, 
 
 vLLM calls its proposer synchronously inside every decode step, so its cost per row is paid by
 every row of every step. The steps are synthetic but shaped like vLLM's: `--rows` rows (16
-prompts x K), each decoding row keeps 1-4 new tokens per step; a new request spends one step
-prefilling (nothing sampled); a finished request leaves, at most two new ones join per step in
-the lowest free rows and the other holes are filled by moving the last rows in (vLLM's
-`condense`). Responses are `--tokens` long, noisy copies of a few reasoning paths per prompt
+prompts x K), each decoding row keeps 1-4 new tokens per step (`--verify`: what its last draft
+got right and one more, as verification keeps); a new request spends one step prefilling
+(nothing sampled); a finished request leaves, at most two new ones join per step in the lowest
+free rows and the other holes are filled by moving the last rows in (vLLM's `condense`).
+Responses are `--tokens` long, noisy copies of a few reasoning paths per prompt
 (bench/cache_scale.py's generator); the first rows start part-way through theirs, so the
-figures are for rows of every length up to `--tokens`. The trees start empty (no store) and
-fill on the fly, as do ArcticInference's.
+figures are for rows of every length up to `--tokens`; both proposers first see each of them in
+one untimed step, holding its prompt and its tokens so far as just sampled (a row's prompt is
+what it held before its first sampled tokens, for both). The trees start empty and fill on the
+fly, as do ArcticInference's; with `--history N`, each prompt's N earlier responses are stored
+before its first request (an LMDB store for srt, loaded when the proposer first needs the
+prompt; finished requests in ArcticInference's global tree).
 
 Each proposer runs its steps on its own (`--interleave`: alternating step by step, each one
-then evicting the other's trees from the caches). Printed: microseconds per row per step (median over the steps, and over the last quarter),
-mean draft length, and the ratio to ArcticInference; `--own-tree` adds `srt-own`, the proposer
-without the run-wide tree (`Table.shared=False`), to see what that tree's inserts cost.
+then evicting the other's trees from the caches). Printed: microseconds per row per step
+(median over the steps, over the last quarter, and the mean: a step that loads a prompt's
+stored tree pays for it, see `--history`), the slowest step in ms, the mean draft and how many of its tokens
+the row generates next (accepted, over all steps and the last quarter), per decoding row, and
+the cost's ratio to ArcticInference. srt's draft length adapts to what was accepted
+(`--fixed-budget`: the whole budget, the CUDA default); with rows keeping 1-4 tokens whatever was
+drafted, that length reads as short, so compare drafting under `--verify`. `--own-tree` adds
+`srt-own`, the proposer without the run-wide tree (`Table.shared=False`), to see what that
+tree's inserts cost.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.cache_scale import noisy_copy, zipf_tokens  # noqa: E402
+from cache_store.seqstore import LmdbSequenceStore  # noqa: E402
+from cache_store.uid import prompt_uid  # noqa: E402
 from srtcli.rollout.vllm.table import Table  # noqa: E402
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts  # noqa: E402
 
 EOS = 32_001  # never generated: rows end at their length, as a length-capped vLLM request does
 PROMPT_LEN, BUDGET, ADMIT = 256, 8, 2
+FINGERPRINT = "tok1-bench"
 ARCTIC_DEPTH, ARCTIC_CACHED = 24, 10_000  # vLLM's suffix_decoding_max_tree_depth / _max_cached_requests
 
 
 class Workload:
     """Requests (prompt index, response) in order: K samples of a prompt, then the next prompt."""
 
-    def __init__(self, seed: int, k: int, tokens: int, prompts: int):
+    def __init__(self, seed: int, k: int, tokens: int, prompts: int, history: int = 0):
         self.rng = np.random.default_rng(seed)
-        self.k, self.tokens = k, tokens
+        self.k, self.tokens, self.history = k, tokens, history
         self.prompts = [self.rng.integers(3, 32_000, PROMPT_LEN).tolist() for _ in range(prompts)]
         self.paths: dict[int, list] = {}
         self.next = 0
+        self.earlier: Callable[[list, list], None] | None = None  # (prompt, an earlier epoch's responses)
 
     def request(self) -> tuple[int, int, np.ndarray]:
         """(request id, prompt index, response tokens) of the next request."""
@@ -53,17 +70,21 @@ class Workload:
         self.next += 1
         if p not in self.paths:
             self.paths = {p: [zipf_tokens(self.rng, int(self.tokens * 1.6) + 64) for _ in range(3)]}
+            if self.history:  # the prompt's responses of an earlier epoch, before its first request
+                earlier = [noisy_copy(self.rng, self.paths[p], self.tokens) for _ in range(self.history)]
+                if self.earlier is not None:
+                    self.earlier(self.prompts[p], earlier)
         return rid, p, noisy_copy(self.rng, self.paths[p], self.tokens)
 
 
 class Batch:
     """vLLM's persistent batch: `token_ids_cpu`, `num_tokens_no_spec`, and what each row holds."""
 
-    def __init__(self, work: Workload, rows: int):
-        self.work, self.rows = work, rows
+    def __init__(self, work: Workload, rows: int, verify: bool = False):
+        self.work, self.rows, self.verify = work, rows, verify
         self.ids = np.zeros((rows, PROMPT_LEN + work.tokens + 8), dtype=np.int32)
         self.num = np.zeros(rows, dtype=np.int32)
-        self.reqs: list[list] = []  # [request id, prompt index, response, kept, prefilled]
+        self.reqs: list[list] = []  # [request id, prompt index, response, kept, prefilled, last draft]
         for _ in range(rows):  # the first rows start part-way through their responses
             self.add(len(self.reqs), start=int(work.rng.integers(0, work.tokens)))
 
@@ -73,21 +94,28 @@ class Batch:
         self.ids[i, :PROMPT_LEN] = prompt
         self.ids[i, PROMPT_LEN:PROMPT_LEN + start] = resp[:start]
         self.num[i] = PROMPT_LEN + start
-        req = [rid, p, resp, start, start > 0]
+        req = [rid, p, resp, start, start > 0, []]
         if i == len(self.reqs):
             self.reqs.append(req)
         else:
             self.reqs[i] = req
 
+    def catch_up(self) -> list[list[int]]:
+        """The first rows' tokens so far, as if all sampled in one step: so a proposer first sees
+        each of them holding its prompt, as vLLM's first step after a prefill shows it."""
+        return [r[2][: r[3]].tolist() for r in self.reqs]
+
     def step(self) -> list[list[int]]:
-        """Every decoding row keeps 1-4 tokens; a new row prefills. The sampled tokens per row."""
+        """Every decoding row keeps 1-4 tokens (`verify`: what its last draft got right, and one
+        more); a new row prefills. The sampled tokens per row."""
         sampled = []
         for i, r in enumerate(self.reqs):
             if not r[4]:
                 r[4] = True
                 sampled.append([])
                 continue
-            take = r[2][r[3]: r[3] + int(self.work.rng.integers(1, 5))]
+            keep = matched(r[5], r[2], r[3]) + 1 if self.verify else int(self.work.rng.integers(1, 5))
+            take = r[2][r[3]: r[3] + keep]
             self.ids[i, self.num[i]: self.num[i] + len(take)] = take
             self.num[i] += len(take)
             r[3] += len(take)
@@ -121,6 +149,7 @@ class Arctic:
 
         self.cache = SuffixDecodingCache(max_tree_depth=ARCTIC_DEPTH, max_cached_requests=ARCTIC_CACHED)
         self.max_model_len = max_model_len
+        self.earlier = 0
 
     def propose(self, batch: Batch, sampled: list[list[int]]) -> list[list[int]]:
         out = []
@@ -129,14 +158,22 @@ class Arctic:
                 out.append([])
                 continue
             rid, n = batch.reqs[i][0], int(batch.num[i])
-            if rid not in self.cache.active_requests:
-                self.cache.start_request(rid, batch.ids[i, :PROMPT_LEN])
-                toks = batch.ids[i, PROMPT_LEN:n]  # what the row kept before it was first seen
+            if rid not in self.cache.active_requests:  # its prompt: what it held when first seen, as for srt
+                self.cache.start_request(rid, batch.ids[i, :n - len(toks)])
             self.cache.add_active_response(rid, toks)
             pattern = batch.ids[i, max(0, n - ARCTIC_DEPTH):n]
             room = min(BUDGET, self.max_model_len - n - 1)
             out.append(self.cache.speculate(rid, pattern, max_spec_tokens=room, min_token_prob=0.1).token_ids)
         return out
+
+    def remember(self, prompt: list, responses: list) -> None:
+        """Earlier requests of the prompt, finished: their responses stay in the global tree."""
+        for resp in responses:
+            self.earlier += 1
+            rid = f"earlier-{self.earlier}"
+            self.cache.start_request(rid, prompt)
+            self.cache.add_active_response(rid, resp)
+            self.cache.stop_request(rid)
 
     def finish(self, gone: list[int]) -> None:
         for rid in gone:
@@ -144,51 +181,98 @@ class Arctic:
                 self.cache.stop_request(rid)
 
 
-def run(args: argparse.Namespace) -> dict:
+def matched(draft: list[int], resp: np.ndarray, at: int) -> int:
+    """How many of the draft's tokens the response generates next, from position `at` (the
+    draft's longest prefix that agrees): what verification keeps, drafts being point masses."""
+    coming, k = resp[at: at + len(draft)].tolist(), 0
+    while k < len(coming) and draft[k] == coming[k]:
+        k += 1
+    return k
+
+
+def propose(prop: TreeDrafts | Arctic, batch: Batch, sampled: list[list[int]]) -> list[list[int]]:
+    if isinstance(prop, Arctic):
+        return prop.propose(batch, sampled)
+    return prop.propose(sampled, batch.num, batch.ids)
+
+
+def srt_proposer(args: argparse.Namespace, shared: bool, work: Workload, stores: str) -> TreeDrafts:
+    """The srt proposer; with `--history`, on a store (under `stores`) that holds each prompt's
+    earlier responses from before its first request, as a later epoch's cache does."""
+    table = Table(None, args.tokens, [EOS], adaptive=not args.fixed_budget, shared=shared, fingerprint=FINGERPRINT)
+    store = None
+    if args.history:
+        store = LmdbSequenceStore.open(tempfile.mkdtemp(dir=stores))
+        work.earlier = lambda prompt, resps: store.append(
+            prompt_uid(prompt, FINGERPRINT), [[prompt[-1]] + r.tolist() for r in resps])  # anchor first
+    return TreeDrafts(table, BUDGET, PROMPT_LEN + args.tokens + 8, store=store)
+
+
+def run(args: argparse.Namespace, stores: str) -> dict:
     k = args.rows // args.prompts
     prompts = args.prompts + (args.steps * ADMIT) // k + 2
-    work, arctic_work = (Workload(args.seed, k, args.tokens, prompts) for _ in range(2))
-    table = Table(None, args.tokens, [EOS], adaptive=True, fingerprint="tok1-bench")
-    max_model_len = PROMPT_LEN + args.tokens + 8
-    kinds = {"srt": (TreeDrafts(table, BUDGET, max_model_len), Batch(work, args.rows))}
-    if args.own_tree:  # the same without the run-wide tree: what the prompt trees and tracking cost
-        own = Table(None, args.tokens, [EOS], adaptive=True, shared=False, fingerprint="tok1-bench")
-        kinds["srt-own"] = (TreeDrafts(own, BUDGET, max_model_len), Batch(Workload(args.seed, k, args.tokens, prompts), args.rows))
-    try:
-        kinds["arctic"] = (Arctic(max_model_len), Batch(arctic_work, args.rows))
-    except ImportError:
-        print("arctic_inference is not installed: ArcticInference's figures are skipped")
-    res: dict = {name: {"us": [], "drafted": 0, "rows": 0} for name in kinds}
+    kinds: dict = {}
+    for name in ("srt", "srt-own", "arctic"):
+        if name == "srt-own" and not args.own_tree:
+            continue
+        work = Workload(args.seed, k, args.tokens, prompts, args.history)
+        if name == "arctic":
+            try:
+                prop = Arctic(PROMPT_LEN + args.tokens + 8)
+            except ImportError:
+                print("arctic_inference is not installed: ArcticInference's figures are skipped")
+                continue
+            work.earlier = prop.remember
+        else:  # srt-own: without the run-wide tree, to see what its inserts cost
+            prop = srt_proposer(args, name == "srt", work, stores)
+        kinds[name] = (prop, Batch(work, args.rows, args.verify))
+    res: dict = {name: {"us": [], "drafted": [], "accepted": [], "rows": []} for name in kinds}
     # by default each proposer runs all its steps on its own; `--interleave` alternates them step
     # by step, so each one's memory traffic evicts the other's trees from the caches (both read
     # higher, as a proposer does in a process with other work between its calls)
     order = [(name, step) for step in range(args.steps) for name in kinds] if args.interleave else \
         [(name, step) for name in kinds for step in range(args.steps)]
+    for name, (prop, batch) in kinds.items():  # untimed: the first rows' tokens so far go in
+        for d, r in zip(propose(prop, batch, batch.catch_up()), batch.reqs):
+            r[5] = d
     for name, _ in order:
         prop, batch = kinds[name]
         sampled = batch.step()
         t0 = time.perf_counter()
-        if name == "arctic":
-            drafts = prop.propose(batch, sampled)
-        else:
-            drafts = prop.propose(sampled, batch.num, batch.ids)
+        drafts = propose(prop, batch, sampled)
         res[name]["us"].append((time.perf_counter() - t0) * 1e6 / len(sampled))
-        res[name]["drafted"] += sum(len(d) for d in drafts)
-        res[name]["rows"] += sum(1 for t in sampled if t)
+        res[name]["drafted"].append(sum(len(d) for d in drafts))
+        res[name]["accepted"].append(sum(matched(d, r[2], r[3]) for d, r in zip(drafts, batch.reqs)))
+        for d, r in zip(drafts, batch.reqs):
+            r[5] = d
+        res[name]["rows"].append(sum(1 for t in sampled if t))
         gone = batch.retire()
         if name == "arctic":
             prop.finish(gone)
     return res
 
 
+def per_row(r: dict, key: str, first: int = 0) -> float:
+    """`key` (drafted or accepted tokens) per decoding row, over the steps from `first`."""
+    return sum(r[key][first:]) / max(sum(r["rows"][first:]), 1)
+
+
 def report(args: argparse.Namespace, res: dict) -> None:
-    how = "interleaved" if args.interleave else "each on its own"
-    print(f"proposer host cost: {args.rows} rows, {args.tokens}-token responses, {args.steps} steps, budget {BUDGET}, {how}")
-    print(f"{'proposer':<10}{'us/row/step p50':>17}{'last quarter':>14}{'draft len':>11}{'/arctic':>9}")
-    figs = {n: (float(np.median(r["us"])), float(np.median(r["us"][-len(r["us"]) // 4:]))) for n, r in res.items()}
+    how = ["interleaved" if args.interleave else "each on its own"] + ["verified"] * args.verify \
+        + ["fixed budget"] * args.fixed_budget + [f"{args.history} earlier responses a prompt"] * bool(args.history)
+    print(f"proposer host cost: {args.rows} rows, {args.tokens}-token responses, {args.steps} steps, budget {BUDGET}, "
+          + ", ".join(how))
+    print(f"{'':<10}{'us per row per step':^33}{'worst':>8}{'draft':>7}{'accepted':^18}")
+    print(f"{'proposer':<10}{'p50':>9}{'last quarter':>14}{'mean':>10}{'step ms':>10}{'len':>6}{'all':>8}"
+          f"{'last quarter':>14}{'/arctic':>9}")
+    last = args.steps - args.steps // 4
+    figs = {n: (float(np.median(r["us"])), float(np.median(r["us"][last:]))) for n, r in res.items()}
     for name, r in res.items():
         ratio = f"{figs[name][0] / figs['arctic'][0]:.2f}x" if "arctic" in figs else "-"
-        print(f"{name:<10}{figs[name][0]:>17.2f}{figs[name][1]:>14.2f}{r['drafted'] / max(r['rows'], 1):>11.2f}{ratio:>9}")
+        worst = max(r["us"]) * args.rows / 1e3
+        print(f"{name:<10}{figs[name][0]:>9.2f}{figs[name][1]:>14.2f}{np.mean(r['us']):>10.2f}{worst:>10.1f}"
+              f"{per_row(r, 'drafted'):>6.2f}{per_row(r, 'accepted'):>8.2f}{per_row(r, 'accepted', last):>14.2f}"
+              f"{ratio:>9}")
 
 
 def main() -> None:
@@ -199,12 +283,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--own-tree", action="store_true", help="also without the run-wide tree (srt-own)")
+    ap.add_argument("--verify", action="store_true",
+                    help="rows keep what their last draft got right and one more token, not 1-4 at random")
+    ap.add_argument("--fixed-budget", action="store_true",
+                    help="srt drafts the whole budget each step (the CUDA default), not the adaptive length")
+    ap.add_argument("--history", type=int, default=0,
+                    help="each prompt's trees start with this many earlier responses (an earlier epoch)")
     ap.add_argument("--interleave", action="store_true", help="alternate the proposers step by step")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 32 rows, 512 tokens, 40 steps")
     args = ap.parse_args()
     if args.quick:
         args.rows, args.prompts, args.tokens, args.steps = 32, 4, 512, 40
-    report(args, run(args))
+    with tempfile.TemporaryDirectory() as stores:
+        report(args, run(args, stores))
 
 
 if __name__ == "__main__":

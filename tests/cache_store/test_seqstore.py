@@ -14,7 +14,7 @@ from collections import Counter
 import lmdb
 import pytest
 
-from cache_store import seqrecord
+from cache_store import seqrecord, seqstore
 from cache_store.errors import CorruptRecord, NotACacheError, OldFormatError
 from cache_store.seqstore import LmdbSequenceStore, PruneCriteria, load_tree
 from cache_store.suffix_tree import SuffixTree
@@ -71,6 +71,21 @@ def test_load_can_keep_only_the_newest_sequences(tmp_path):
         assert tree.stats().sequences == 2
         assert [list(tree.sequence(i)) for i in range(2)] == [rollout(3), rollout(4)]
         assert load_tree(s, UIDS[0], max_depth=8, newest=9).stats().sequences == 5
+
+
+def test_load_keeps_the_newest_sequences_that_fit_its_token_bound(tmp_path):
+    """A load's cost and its tree's memory grow with the tokens it builds, so a prompt with many
+    long rollouts stored loads only its newest ones, up to `tokens` (the newest one always)."""
+    lengths = [40, 30, 50, 20, 25]
+    with LmdbSequenceStore.open(tmp_path / "s") as s:
+        s.append(UIDS[0], [rollout(i, n) for i, n in enumerate(lengths)])
+        for bound, kept in ((95, [2, 3, 4]), (94, [3, 4]), (45, [3, 4]), (44, [4]), (10, [4]), (10**9, [0, 1, 2, 3, 4])):
+            tree = load_tree(s, UIDS[0], max_depth=8, tokens=bound)
+            assert [list(tree.sequence(i)) for i in range(tree.stats().sequences)] == \
+                [rollout(i, lengths[i]) for i in kept]
+        assert load_tree(s, UIDS[0], max_depth=8, newest=1, tokens=10**9).stats().sequences == 1
+        # the default bound leaves a whole epoch of long rollouts (16 x 8,192 tokens) in
+        assert seqstore.LOAD_TOKENS >= 16 * 8192
 
 
 def test_load_builds_the_tree_of_the_decayed_sequences(tmp_path):
@@ -176,7 +191,7 @@ WRITER = r"""
 import random, struct, sys, time
 from cache_store.seqenv import META
 from cache_store.seqstore import LmdbSequenceStore, _key
-from cache_store import seqrecord
+from cache_store import seqrecord, seqstore
 from cache_store.uid import prompt_uid
 path, start, n, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 UIDS = [prompt_uid([k], "seqstore") for k in range(3)]
