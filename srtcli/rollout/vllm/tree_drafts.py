@@ -17,10 +17,9 @@ whose prompt is what its row held before its first sampled tokens; rows with the
 A sequence is streamed into the trees up to and including eos or `max_new_tokens` and ends
 there, or after `PARK_STEPS` steps out of the batch; then it is committed (batched).
 
-A step's per-row work is two compiled calls over all rows (`cache_store.suffix_tree.feed_many`,
-then `draft_many`), the bookkeeping between them (the adaptive draft length of
-`srtcli.rollout.drafters.draft_length`, rooms, ends) on arrays. Every row's new tokens are in
-the trees before any row drafts, so a row drafts from its group's tokens of this step too.
+A step's per-row work is two compiled calls over all rows (`suffix_tree.feed_many`, then
+`draft_many`), the bookkeeping between them (the adaptive draft length, rooms, ends) on arrays.
+Every row's new tokens are in the trees before any row drafts, so it drafts from this step's too.
 """
 
 from __future__ import annotations
@@ -76,16 +75,11 @@ class _Rows:
     verified: Any = None  # its last draft was verified this step
 
 
-def tail_positions(seen: np.ndarray) -> np.ndarray:
-    """Per row, the `TAIL` positions just before its `seen` (clipped at 0), to gather at once."""
-    return np.maximum(seen[:, None] - TAIL + np.arange(TAIL), 0)
-
-
-def tail_index(slots: np.ndarray, seen: np.ndarray, width: int) -> np.ndarray:
-    """Those positions of each row's slot in a batch `width` tokens wide, as flat indices: one
-    1-d gather costs a quarter of a 2-d one (`ids.reshape(-1)` is a view of vLLM's C-contiguous
-    `token_ids_cpu`)."""
-    return tail_positions(seen) + (slots * width)[:, None]
+def tail_positions(seen: np.ndarray, slots: Any = 0, width: int = 0) -> np.ndarray:
+    """Per row, the `TAIL` positions just before its `seen` (clipped at 0), to gather at once; as
+    flat indices of the rows' `slots` in a batch `width` tokens wide (one 1-d gather costs a
+    quarter of a 2-d one; `ids.reshape(-1)` is a view of vLLM's C-contiguous `token_ids_cpu`)."""
+    return np.maximum(seen[:, None] - TAIL + np.arange(TAIL), 0) + np.reshape(slots * width, (-1, 1))
 
 
 class TreeDrafts:
@@ -104,7 +98,6 @@ class TreeDrafts:
         self.trees = GroupTrees(store, table.shared, writer=writer)
         self.groups = LiveGroups(self.trees, commit_every, commit_seconds, idle_groups)
         self.rows: dict[int, _Seq] = {}
-        # last step's rows, in the order of `rows`: their slots, lengths, and `TAIL` tokens before those
         self._remember(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, TAIL), dtype=np.int64))
         self.away: dict[int, _Seq] = {}  # id -> sequence out of the batch that may come back
         self.step, self.clock = 0, StepClock()
@@ -155,7 +148,7 @@ class TreeDrafts:
         live = self.slots < rows
         if live.any():
             slots, seen = self.slots[live], self.seen[live]
-            at = self.tail_at[live] if ids.shape[1] == self.width else tail_index(slots, seen, ids.shape[1])
+            at = self.tail_at[live] if ids.shape[1] == self.width else tail_positions(seen, slots, ids.shape[1])
             same[live] = (ids.reshape(-1)[at] == self.tails[live]).all(1) & (num[slots] >= seen)
         return same
 
@@ -192,10 +185,10 @@ class TreeDrafts:
             self._end(s)
 
     def _remember(self, slots: np.ndarray, seen: np.ndarray, ids: np.ndarray) -> None:
-        """Note each tracked row's length and the tokens before it, for the next step (arrays in
-        the order of `rows`)."""
+        """Note each tracked row's slot, length and the `TAIL` tokens before it, for the next step
+        (arrays in the order of `rows`)."""
         self.slots, self.seen, self.width = slots, seen, ids.shape[1]
-        self.tail_at = tail_index(slots, seen, self.width)
+        self.tail_at = tail_positions(seen, slots, self.width)
         self.tails = ids.reshape(-1)[self.tail_at]
 
     # --- the hook -----------------------------------------------------------------------------
