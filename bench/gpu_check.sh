@@ -88,7 +88,7 @@ for t in 1000 8192; do
     timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens $t --steps 600 --own-tree 2>&1 | tail -6
 done
 # drafting beside cost as vLLM on CUDA runs it: verified rows, the whole budget, an earlier epoch
-timeout 120 $PY bench/proposer_bench.py --rows 256 --tokens 1000 --steps 600 --verify --fixed-budget --history 8 2>&1 | tail -4
+timeout 120 $PY bench/proposer_bench.py --rows 256 --tokens 1000 --steps 600 --verify --fixed-budget --history 8 2>&1 | tail -5
 step "vLLM on $DEV: the SRT speculator against none and vLLM's suffix, then vllm serve with it"
 if $PY -c "import vllm" >/dev/null 2>&1; then
     VCONF=none,srt
