@@ -49,6 +49,9 @@ from srtcli.rollout.drafters import DRAFTERS
               help="srt sample mode: draw children by the probability the policy gave them when "
                    "they were stored, and let the mass left over end the draft (exact; fewer "
                    "rejected tokens verified; docs/rollout.md).")
+@click.option("--load-tokens", type=click.IntRange(min=1), default=default("load_tokens"), show_default=True,
+              help="srt: build a prompt's tree from its newest stored rollouts, up to this many tokens "
+                   "(a load pauses the step that first needs the prompt, ~1 us per token; docs/cache.md).")
 @click.option("--adaptive-budget/--fixed-budget", default=default("adaptive_budget"),
               help="Adapt each sequence's draft length to what it had accepted (<= --budget) "
                    "[default: adaptive on CPU, where every verified token costs FLOPs; fixed with "

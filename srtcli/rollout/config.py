@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from cache_store.seqstore import LOAD_TOKENS
+
 
 @dataclass(frozen=True)
 class RolloutConfig:
@@ -32,6 +34,7 @@ class RolloutConfig:
     draft_mode: str = "sample"
     shared_tree: bool = True
     draft_stop: bool = True
+    load_tokens: int = LOAD_TOKENS  # tokens of a prompt's stored rollouts its tree is built from
     adaptive_budget: bool | None = None  # None: by device (`adaptive`)
     cache_opt: str | None = None  # None: $SRT_CACHE or ~/.cache/srt
     out: str = "pool"

@@ -180,5 +180,6 @@ def make_drafter_for(c: RolloutConfig, store: Any) -> Any:
 
     if c.draft == "srt":
         return make_drafter("srt", store=store, min_prob=c.min_prob, mode=c.draft_mode, seed=c.seed,
-                            shared=c.shared_tree, stop=c.draft_stop, record_probs=c.temperature > 0)
+                            shared=c.shared_tree, stop=c.draft_stop, record_probs=c.temperature > 0,
+                            load_tokens=c.load_tokens)
     return make_drafter(c.draft)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache_store.seqstore import LOAD_NEWEST
+from cache_store.seqstore import LOAD_NEWEST, LOAD_TOKENS
 from cache_store.seqstore import load_tree as load_stored
 from cache_store.suffix_tree import SuffixTree
 
@@ -32,10 +32,11 @@ SHARED_KEEP = 1 << 18  # tokens of the newest sequences a new run-wide tree star
 GROUP_MAX_SEQUENCES, GROUP_KEEP = 1 << 18, LOAD_NEWEST
 
 
-def load_tree(store: Any, uid: str) -> tuple[SuffixTree, bool]:
-    """The prompt's tree from the store (decayed; its newest LOAD_NEWEST sequences), or a new
-    empty one; and whether the store held sequences for it (a hit)."""
-    tree = load_stored(store, uid, DEPTH) if store is not None else SuffixTree(DEPTH)
+def load_tree(store: Any, uid: str, tokens: int = LOAD_TOKENS) -> tuple[SuffixTree, bool]:
+    """The prompt's tree from the store (decayed; its newest sequences, at most LOAD_NEWEST of
+    them and `tokens` tokens), or a new empty one; and whether the store held sequences for it
+    (a hit)."""
+    tree = load_stored(store, uid, DEPTH, tokens=tokens) if store is not None else SuffixTree(DEPTH)
     return tree, tree.mass > 0
 
 
@@ -77,8 +78,9 @@ class GroupTrees:
     hit counts. `writer=False` drafts and feeds the trees like a writer but never writes (a
     vLLM rank other than 0, so sequences are not stored once per rank)."""
 
-    def __init__(self, store: Any = None, shared: bool = True, commit_every: int = 8, writer: bool = True):
-        self.store, self.commit_every, self.writer = store, commit_every, writer
+    def __init__(self, store: Any = None, shared: bool = True, commit_every: int = 8, writer: bool = True,
+                 load_tokens: int = LOAD_TOKENS):
+        self.store, self.commit_every, self.writer, self.load_tokens = store, commit_every, writer, load_tokens
         self.shared = SuffixTree(SHARED_DEPTH) if shared else None
         self.groups: dict[str, Group] = {}
         self.pending: dict[str, list[Group]] = {}  # finished groups not yet appended
@@ -88,7 +90,7 @@ class GroupTrees:
         """The group's tree, loaded from the store the first time the prompt is needed."""
         g = self.groups.get(uid)
         if g is None:
-            g = self.groups[uid] = Group(*load_tree(self.store, uid))
+            g = self.groups[uid] = Group(*load_tree(self.store, uid, self.load_tokens))
         return g
 
     def count(self, g: Group) -> None:

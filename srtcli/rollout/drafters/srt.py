@@ -28,6 +28,7 @@ import math
 import random
 from typing import Any
 
+from cache_store.seqstore import LOAD_TOKENS
 from cache_store.suffix_tree import Draft, SuffixStream, sample_draft
 from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.group_trees import GroupTrees
@@ -64,7 +65,7 @@ class SrtDrafter(Drafter):
 
     def __init__(self, store: Any = None, min_prob: float = 0.1, mode: str = "sample", seed: int = 0,
                  commit_every: int = 8, shared: bool = True, stop: bool = True,
-                 record_probs: bool = True):
+                 record_probs: bool = True, load_tokens: int = LOAD_TOKENS):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
         self.min_prob, self.mode, self.stop = min_prob, mode, stop
@@ -72,7 +73,7 @@ class SrtDrafter(Drafter):
         self.record_probs = record_probs
         # the run-wide shared tree (every output of this run, all prompts mixed, not persisted)
         # drafts where the prompt's own tree knows less: a cold prompt, text shared across prompts
-        self.trees = GroupTrees(store, shared, commit_every)
+        self.trees = GroupTrees(store, shared, commit_every, load_tokens=load_tokens)
         self.rng = random.Random(seed)
 
     def begin(self, seq: Any) -> None:

@@ -180,7 +180,7 @@ class VllmBackend:
         table = Path(self.tmp.name) / "table.json"
         write_table(table, Table(str(store.path) if store is not None else None, c.max_new_tokens,
                                  min_prob=c.min_prob, adaptive=c.adaptive("cpu" if on_cpu() else "cuda"),
-                                 shared=c.shared_tree))
+                                 shared=c.shared_tree, load_tokens=c.load_tokens))
         if self.drafting:
             worker = self.llm.collective_rpc("srt_reload", args=(str(table),))[0]
             check_fingerprint(worker, tokenizer_fingerprint(self.tok), self.model_dir)

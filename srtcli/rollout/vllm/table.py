@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from cache_store.seqstore import LOAD_TOKENS
+
 TABLE_ENV = "SRT_VLLM_TABLE"
 
 
@@ -27,6 +29,7 @@ class Table:
     min_prob: float = 0.1
     adaptive: bool | None = None  # the embedded engine's adaptive draft length; None: on unless CUDA
     shared: bool = True  # also draft from a run-wide tree (--shared-tree)
+    load_tokens: int = LOAD_TOKENS  # a prompt's tree is built from its newest stored tokens (--load-tokens)
     fingerprint: str | None = None  # the tokenizer's (srtcli.tokenizers); None: computed in the worker
 
     def to_json(self) -> str:

@@ -95,7 +95,7 @@ class TreeDrafts:
         self.table, self.budget, self.max_model_len = table, budget, max_model_len
         self.cap = table.max_new_tokens if table.max_new_tokens is not None else max_model_len
         self.eos_ids = np.array(sorted(set(table.eos_ids or ())), dtype=np.int64)
-        self.trees = GroupTrees(store, table.shared, writer=writer)
+        self.trees = GroupTrees(store, table.shared, writer=writer, load_tokens=table.load_tokens)
         self.groups = LiveGroups(self.trees, commit_every, commit_seconds, idle_groups)
         self.rows: dict[int, _Seq] = {}
         self._remember(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, TAIL), dtype=np.int64))

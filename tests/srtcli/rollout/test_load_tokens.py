@@ -1,0 +1,77 @@
+"""`--load-tokens`: a prompt's tree is built from its newest stored rollouts up to that many
+tokens, in the embedded drafter and in the vLLM proposer alike (`Table.load_tokens`), set by
+the flag or the config key (the flag wins)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from cache_store.seqstore import LOAD_TOKENS, LmdbSequenceStore
+from cache_store.uid import prompt_uid
+from srtcli.rollout.config import RolloutConfig
+from srtcli.rollout.drafters.srt import SrtDrafter
+from srtcli.rollout.vllm.table import Table, read_table, write_table
+from srtcli.rollout.vllm.tree_drafts import TreeDrafts
+
+PROMPT = [7, 8, 9]
+UID = prompt_uid(PROMPT, "tok-test")
+STORED = [[9, 1, 2, 3, 4, 5], [9, 6, 6, 6], [9, 4, 4, 4, 4]]  # oldest first: 6, 4, 5 tokens
+
+
+def store_with_rollouts(tmp_path: Path) -> LmdbSequenceStore:
+    store = LmdbSequenceStore.open(tmp_path / "c")
+    store.append(UID, STORED)
+    return store
+
+
+def test_the_embedded_drafter_loads_the_newest_rollouts_that_fit(tmp_path):
+    store = store_with_rollouts(tmp_path)
+    for bound, kept in ((9, [STORED[1], STORED[2]]), (8, [STORED[2]]), (10**6, STORED)):
+        tree = SrtDrafter(store, load_tokens=bound).trees.group(UID).tree
+        assert [list(tree.sequence(i)) for i in range(tree.sequences)] == kept
+    assert SrtDrafter(store).trees.load_tokens == LOAD_TOKENS == RolloutConfig("p").load_tokens
+    store.close()
+
+
+def test_the_vllm_proposer_loads_what_its_table_allows(tmp_path):
+    store = store_with_rollouts(tmp_path)
+    write_table(tmp_path / "t.json", Table(None, 50, [2], adaptive=False, fingerprint="tok-test", load_tokens=9))
+    table = read_table(tmp_path / "t.json")
+    assert table.load_tokens == 9 and Table().load_tokens == LOAD_TOKENS
+    drafts = TreeDrafts(table, 4, 100, store=store)
+    row = np.zeros((1, 100), dtype=np.int32)
+    row[0, :4] = PROMPT + [4]
+    drafts.propose([[4]], np.array([4], dtype=np.int32), row)
+    tree = drafts.trees.groups[UID].tree
+    assert [list(tree.sequence(i)) for i in range(2)] == [STORED[1], STORED[2]]  # then its own stream
+    assert tree.sequences == 3 and list(tree.sequence(2)) == [9, 4]
+    store.close()
+
+
+def test_the_flag_or_the_config_key_sets_the_bound(tmp_path: Path, monkeypatch):
+    from click.testing import CliRunner
+
+    from srtcli.cli import cli
+    from srtcli.rollout import embedded
+
+    seen, make = [], embedded.make_drafter_for
+
+    def spy(c, store):
+        seen.append(c.load_tokens)
+        return make(c, store)
+
+    monkeypatch.setattr(embedded, "make_drafter_for", spy)
+    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1?"}\n')
+    (tmp_path / "c.yaml").write_text("load-tokens: 5000\n")
+    for name, args in (("default", []), ("flag", ["--load-tokens", "300"]),
+                       ("config", ["--config", str(tmp_path / "c.yaml")]),
+                       ("both", ["--config", str(tmp_path / "c.yaml"), "--load-tokens", "300"])):
+        r = CliRunner().invoke(cli, ["rollout", "--prompts", str(tmp_path / "p.jsonl"), "-n", "2", "--max-new-tokens",
+                                     "4", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / name), "--json",
+                                     *args])
+        assert r.exit_code == 0, r.output
+    assert seen == [LOAD_TOKENS, 300, 5000, 300]
+    r = CliRunner().invoke(cli, ["rollout", "--prompts", str(tmp_path / "p.jsonl"), "--load-tokens", "0"])
+    assert r.exit_code != 0 and "--load-tokens" in r.output and "Traceback" not in r.output
