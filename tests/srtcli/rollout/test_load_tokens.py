@@ -14,6 +14,7 @@ from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.drafters.srt import SrtDrafter
 from srtcli.rollout.vllm.table import Table, read_table, write_table
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
+from tests.srtcli.rollout.four_ways import rollout_four_ways
 
 PROMPT = [7, 8, 9]
 UID = prompt_uid(PROMPT, "tok-test")
@@ -63,15 +64,8 @@ def test_the_flag_or_the_config_key_sets_the_bound(tmp_path: Path, monkeypatch):
         return make(c, store)
 
     monkeypatch.setattr(embedded, "make_drafter_for", spy)
-    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1?"}\n')
-    (tmp_path / "c.yaml").write_text("load-tokens: 5000\n")
-    for name, args in (("default", []), ("flag", ["--load-tokens", "300"]),
-                       ("config", ["--config", str(tmp_path / "c.yaml")]),
-                       ("both", ["--config", str(tmp_path / "c.yaml"), "--load-tokens", "300"])):
-        r = CliRunner().invoke(cli, ["rollout", "--prompts", str(tmp_path / "p.jsonl"), "-n", "2", "--max-new-tokens",
-                                     "4", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / name), "--json",
-                                     *args])
-        assert r.exit_code == 0, r.output
+    rollout_four_ways(tmp_path, ["--load-tokens", "300"], "load-tokens: 5000\n", ["--load-tokens", "300"],
+                      extra=("--cache", str(tmp_path / "cache")))
     assert seen == [LOAD_TOKENS, 300, 5000, 300]
     r = CliRunner().invoke(cli, ["rollout", "--prompts", str(tmp_path / "p.jsonl"), "--load-tokens", "0"])
     assert r.exit_code != 0 and "--load-tokens" in r.output and "Traceback" not in r.output

@@ -11,6 +11,7 @@ from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.embedded import rollout_batches
 from srtcli.rollout.plan import Plan, admission_order
 from srtcli.rollout.prompts import PromptRecord
+from tests.srtcli.rollout.four_ways import rollout_four_ways
 
 
 def test_admission_is_sample_major_unless_asked_prompt_major():
@@ -47,14 +48,8 @@ def test_the_flag_or_the_config_key_reaches_the_engine(tmp_path: Path, monkeypat
         return out
 
     monkeypatch.setattr(embedded, "rollout_batches", spy)
-    (tmp_path / "p.jsonl").write_text('{"prompt": "1+1?"}\n{"prompt": "2+2?"}\n')
-    (tmp_path / "c.yaml").write_text("admission: prompt\n")
-    for name, args in (("default", []), ("flag", ["--admission", "prompt"]),
-                       ("config", ["--config", str(tmp_path / "c.yaml")]),
-                       ("both", ["--config", str(tmp_path / "c.yaml"), "--admission", "sample"])):
-        r = CliRunner().invoke(cli, ["rollout", "--prompts", str(tmp_path / "p.jsonl"), "-n", "2", "--max-new-tokens",
-                                     "4", "--draft", "none", "--out", str(tmp_path / name), "--json", *args])
-        assert r.exit_code == 0, r.output
+    rollout_four_ways(tmp_path, ["--admission", "prompt"], "admission: prompt\n", ["--admission", "sample"],
+                      prompts=2, extra=("--draft", "none"))
     samples = [[s for _, s in order] for order in seen]
     assert samples == [[0, 0, 1, 1], [0, 1, 0, 1], [0, 1, 0, 1], [0, 0, 1, 1]]  # the flag wins over the file
     r = CliRunner().invoke(cli, ["rollout", "--prompts", str(tmp_path / "p.jsonl"), "--admission", "random"])
