@@ -196,16 +196,18 @@ def propose(prop: TreeDrafts | Arctic, batch: Batch, sampled: list[list[int]]) -
     return prop.propose(sampled, batch.num, batch.ids)
 
 
-def srt_proposer(args: argparse.Namespace, shared: bool, work: Workload, stores: str) -> TreeDrafts:
-    """The srt proposer; with `--history`, on a store (under `stores`) that holds each prompt's
-    earlier responses from before its first request, as a later epoch's cache does."""
+def srt_proposer(args: argparse.Namespace, shared: bool, work: Workload, stores: str,
+                 cls: type = TreeDrafts) -> TreeDrafts:
+    """The srt proposer (`cls`: another version of it); with `--history`, on a store (under
+    `stores`) that holds each prompt's earlier responses from before its first request, as a
+    later epoch's cache does."""
     table = Table(None, args.tokens, [EOS], adaptive=not args.fixed_budget, shared=shared, fingerprint=FINGERPRINT)
     store = None
     if args.history:
         store = LmdbSequenceStore.open(tempfile.mkdtemp(dir=stores))
         work.earlier = lambda prompt, resps: store.append(
             prompt_uid(prompt, FINGERPRINT), [[prompt[-1]] + r.tolist() for r in resps])  # anchor first
-    return TreeDrafts(table, BUDGET, PROMPT_LEN + args.tokens + 8, store=store)
+    return cls(table, BUDGET, PROMPT_LEN + args.tokens + 8, store=store)
 
 
 def run(args: argparse.Namespace, stores: str) -> dict:
