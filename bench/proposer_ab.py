@@ -56,8 +56,7 @@ def main() -> None:
         for name, mod in ((args.rev, module_at(args.rev, tmp)), ("working tree", tree_drafts)):
             work = pb.Workload(0, 16, args.tokens, 16 + args.steps * pb.ADMIT // 16 + 2, args.history)
             prop, batch = pb.srt_proposer(opts, True, work, tmp, mod.TreeDrafts), pb.Batch(work, 256, verify=True)
-            for d, r in zip(pb.propose(prop, batch, batch.catch_up()), batch.reqs):
-                r[5] = d
+            batch.offer(pb.propose(prop, batch, batch.catch_up()))
             kinds[name] = (prop, batch, [], [])
         for step in range(args.steps):
             for name in (list(kinds) if step % 2 else list(kinds)[::-1]):
@@ -67,8 +66,7 @@ def main() -> None:
                 out = prop.propose(sampled, batch.num, batch.ids)
                 us.append((time.perf_counter() - t0) * 1e6 / len(sampled))
                 drafts.append(out)
-                for d, r in zip(out, batch.reqs):
-                    r[5] = d
+                batch.offer(out)
                 batch.retire()
     (_, _, _, a), (_, _, _, b) = kinds.values()
     print(f"{args.steps} steps, {args.tokens}-token responses, {args.history} earlier responses a prompt; "

@@ -105,6 +105,12 @@ class Batch:
         each of them holding its prompt, as vLLM's first step after a prefill shows it."""
         return [r[2][: r[3]].tolist() for r in self.reqs]
 
+    def offer(self, drafts: list[list[int]]) -> int:
+        """Each row's draft for its next step; how many of their tokens the rows generate next."""
+        for d, r in zip(drafts, self.reqs):
+            r[5] = d
+        return sum(matched(r[5], r[2], r[3]) for r in self.reqs)
+
     def step(self) -> list[list[int]]:
         """Every decoding row keeps 1-4 tokens (`verify`: what its last draft got right, and one
         more); a new row prefills. The sampled tokens per row."""
@@ -235,8 +241,7 @@ def run(args: argparse.Namespace, stores: str) -> dict:
     order = [(name, step) for step in range(args.steps) for name in kinds] if args.interleave else \
         [(name, step) for name in kinds for step in range(args.steps)]
     for name, (prop, batch) in kinds.items():  # untimed: the first rows' tokens so far go in
-        for d, r in zip(propose(prop, batch, batch.catch_up()), batch.reqs):
-            r[5] = d
+        batch.offer(propose(prop, batch, batch.catch_up()))
     for name, _ in order:
         prop, batch = kinds[name]
         sampled = batch.step()
@@ -244,9 +249,7 @@ def run(args: argparse.Namespace, stores: str) -> dict:
         drafts = propose(prop, batch, sampled)
         res[name]["us"].append((time.perf_counter() - t0) * 1e6 / len(sampled))
         res[name]["drafted"].append(sum(len(d) for d in drafts))
-        res[name]["accepted"].append(sum(matched(d, r[2], r[3]) for d, r in zip(drafts, batch.reqs)))
-        for d, r in zip(drafts, batch.reqs):
-            r[5] = d
+        res[name]["accepted"].append(batch.offer(drafts))
         res[name]["rows"].append(sum(1 for t in sampled if t))
         gone = batch.retire()
         if name == "arctic":

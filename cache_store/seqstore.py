@@ -36,13 +36,13 @@ from cache_store.clock import DEFAULT_FLOOR, DEFAULT_HALF_LIFE, check_settings, 
 from cache_store import seqprune, seqstats, seqtransfer
 from cache_store.errors import CacheError, CorruptRecord, CorruptTreeWarning
 from cache_store.seqenv import SeqEnv, open_seq_env
+from cache_store.seqload import LOAD_NEWEST, LOAD_TOKENS, load_tree, newest_stored
 from cache_store.seqprune import PruneCriteria, PrunePlan
 from cache_store.seqstats import PromptSummary, SeqStoreStats
 from cache_store.seqtransfer import ImportReport
-from cache_store.suffix_tree import SuffixTree
 
-__all__ = ["ImportReport", "LmdbSequenceStore", "PromptSummary", "PruneCriteria", "PrunePlan",
-           "SeqStoreStats", "SequenceStore", "StoredSequence", "load_tree", "newest_stored"]
+__all__ = ["LOAD_NEWEST", "LOAD_TOKENS", "ImportReport", "LmdbSequenceStore", "PromptSummary", "PruneCriteria",
+           "PrunePlan", "SeqStoreStats", "SequenceStore", "StoredSequence", "load_tree", "newest_stored"]
 from cache_store.uid import is_uid
 
 @dataclass(frozen=True)
@@ -286,29 +286,3 @@ class LmdbSequenceStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-LOAD_NEWEST = 1 << 17  # sequences a load keeps at most (a suffix tree holds 524,287)
-# tokens a load keeps at most: building a tree costs about a microsecond per token, inside the
-# engine step that first needs the prompt, and ~100 bytes per token while the prompt is live
-LOAD_TOKENS = 1 << 17
-
-
-def newest_stored(store: SequenceStore, uid: str, newest: int = LOAD_NEWEST,
-                  tokens: int = LOAD_TOKENS) -> list[StoredSequence]:
-    """What a load puts in the prompt's tree: its newest stored sequences above the floor, at
-    most `newest` of them and `tokens` tokens in all (the newest one whatever its length),
-    oldest first."""
-    seqs = store.read(uid)
-    cut, total, first = len(seqs), 0, max(len(seqs) - newest, 0)
-    while cut > first and (cut == len(seqs) or total + len(seqs[cut - 1].tokens) <= tokens):
-        cut -= 1
-        total += len(seqs[cut].tokens)
-    return seqs[cut:]
-
-
-def load_tree(store: SequenceStore, uid: str, max_depth: int = 64, newest: int = LOAD_NEWEST,
-              tokens: int = LOAD_TOKENS) -> SuffixTree:
-    """The prompt's tree: `newest_stored`, weighted by their decay."""
-    seqs = newest_stored(store, uid, newest, tokens)
-    return SuffixTree.from_sequences(((s.tokens, s.weight, s.probs) for s in seqs), max_depth)

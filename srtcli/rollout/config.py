@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from cache_store.seqstore import LOAD_TOKENS
+from cache_store.seqload import LOAD_TOKENS
 
 
 @dataclass(frozen=True)

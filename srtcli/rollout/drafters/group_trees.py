@@ -2,7 +2,7 @@
 behind both the embedded `srt` drafter and the vLLM proposer, so both fill the cache alike.
 
 When a group's prompt is first needed its tree is built from the sequence store
-(`cache_store.seqstore.load_tree`: the prompt's stored rollouts, weighted by their decay) or
+(`cache_store.seqload.load_tree`: the prompt's stored rollouts, weighted by their decay) or
 started empty, with a flag saying whether the store held sequences for it (a hit). Every token
 a sample of the group appends goes at once into that tree (a `SuffixTree` stream), so later
 and concurrent samples draft from it, and into the run-wide shared tree (all prompts mixed,
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache_store.seqstore import LOAD_NEWEST, LOAD_TOKENS
-from cache_store.seqstore import load_tree as load_stored
+from cache_store.seqload import LOAD_NEWEST, LOAD_TOKENS
+from cache_store.seqload import load_tree as load_stored
 from cache_store.suffix_tree import SuffixTree
 
 DEPTH = 64

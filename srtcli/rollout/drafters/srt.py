@@ -28,7 +28,7 @@ import math
 import random
 from typing import Any
 
-from cache_store.seqstore import LOAD_TOKENS
+from cache_store.seqload import LOAD_TOKENS
 from cache_store.suffix_tree import Draft, SuffixStream, sample_draft
 from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.group_trees import GroupTrees

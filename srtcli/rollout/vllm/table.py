@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache_store.seqstore import LOAD_TOKENS
+from cache_store.seqload import LOAD_TOKENS
 
 TABLE_ENV = "SRT_VLLM_TABLE"
 
