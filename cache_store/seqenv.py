@@ -24,7 +24,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import lmdb
 
@@ -39,6 +39,11 @@ DB_NAMES = (b"info", b"seqs", b"meta")
 META = struct.Struct("<IQQdQ")  # next record number, sequences, tokens, last write time, record bytes
 
 T = TypeVar("T")
+
+
+def record_key(uid: bytes, n: int) -> bytes:
+    """The `seqs` key of record `n` of the prompt `uid`."""
+    return uid + struct.pack(">I", n)
 
 
 @dataclass
@@ -94,14 +99,27 @@ class SeqEnv:
 
     def next_record(self, txn: lmdb.Transaction, uid: bytes) -> int:
         """One past the highest record number stored under `uid` (0 if none)."""
-        nxt = 0
-        with txn.cursor(db=self.dbs["seqs"]) as cur:
-            if cur.set_range(uid + struct.pack(">I", 0)):
-                for k in cur.iternext(values=False):
-                    if not bytes(k).startswith(uid):
-                        break
-                    nxt = struct.unpack(">I", bytes(k)[-4:])[0] + 1
-        return nxt
+        for key, _ in self.records(txn, uid, newest_first=True):
+            return struct.unpack(">I", key[-4:])[0] + 1
+        return 0
+
+    def records(self, txn: lmdb.Transaction, uid: bytes, newest_first: bool = False) -> Iterator[tuple[bytes, Any]]:
+        """(key, value) of each of the prompt's records, in append order or newest first;
+        each value is valid until the walk moves on."""
+        cur = txn.cursor(db=self.dbs["seqs"])
+        if newest_first:  # onto the newest record: the last key up to the highest record number
+            last = record_key(uid, 0xFFFFFFFF)
+            if cur.set_range(last):
+                if bytes(cur.key()) != last and not cur.prev():
+                    return
+            elif not cur.last():
+                return
+        elif not cur.set_range(record_key(uid, 0)):
+            return
+        while bytes(cur.key()).startswith(uid):
+            yield bytes(cur.key()), cur.value()
+            if not (cur.prev() if newest_first else cur.next()):
+                return
 
     def release(self) -> None:
         """Drop one user; the last one closes the environment (idempotent per user)."""

@@ -21,12 +21,7 @@ def newest_stored(store: Any, uid: str, newest: int = LOAD_NEWEST, tokens: int =
     """What a load puts in the prompt's tree: its newest stored sequences above the floor
     (`StoredSequence`s), at most `newest` of them and `tokens` tokens in all (the newest one
     whatever its length), oldest first."""
-    seqs = store.read(uid)
-    cut, total, first = len(seqs), 0, max(len(seqs) - newest, 0)
-    while cut > first and (cut == len(seqs) or total + len(seqs[cut - 1].tokens) <= tokens):
-        cut -= 1
-        total += len(seqs[cut].tokens)
-    return seqs[cut:]
+    return store.read(uid, newest, tokens)
 
 
 def load_tree(store: Any, uid: str, max_depth: int = 64, newest: int = LOAD_NEWEST,

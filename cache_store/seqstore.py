@@ -23,11 +23,12 @@ store can stand in for LMDB later.
 from __future__ import annotations
 
 import struct
+import sys
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import lmdb
 
@@ -35,7 +36,7 @@ from cache_store import seqrecord
 from cache_store.clock import DEFAULT_FLOOR, DEFAULT_HALF_LIFE, check_settings, decay_factor
 from cache_store import seqprune, seqstats, seqtransfer
 from cache_store.errors import CacheError, CorruptRecord, CorruptTreeWarning
-from cache_store.seqenv import SeqEnv, open_seq_env
+from cache_store.seqenv import SeqEnv, open_seq_env, record_key
 from cache_store.seqload import LOAD_NEWEST, LOAD_TOKENS, load_tree, newest_stored
 from cache_store.seqprune import PruneCriteria, PrunePlan
 from cache_store.seqstats import PromptSummary, SeqStoreStats
@@ -62,7 +63,7 @@ class SequenceStore(Protocol):
     def append(self, uid: str, sequences: Iterable[Sequence[int]]) -> None: ...
     def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]],
                     probs: Mapping[str, Sequence[Any]] | None = None) -> None: ...
-    def read(self, uid: str) -> list[StoredSequence]: ...
+    def read(self, uid: str, newest: int | None = None, tokens: int | None = None) -> list[StoredSequence]: ...
     def prune(self, criteria: PruneCriteria | None = None, dry_run: bool = False) -> PrunePlan: ...
     def stats(self, verify: bool = True, top: int = 5) -> SeqStoreStats: ...
     def now(self) -> int: ...
@@ -80,7 +81,7 @@ def _with_probs(seqs: Iterable[Sequence[int]], probs: Sequence[Any] | None) -> l
 
 
 def _key(uid: str, n: int) -> bytes:
-    return uid.encode() + struct.pack(">I", n)
+    return record_key(uid.encode(), n)
 
 
 def _check_uid(uid: str) -> str:
@@ -172,37 +173,42 @@ class LmdbSequenceStore:
 
     # -- reading -------------------------------------------------------------------------
 
-    def _records(self, txn: lmdb.Transaction, uid: str) -> Iterator[tuple[bytes, memoryview]]:
-        prefix = uid.encode()
-        cur = txn.cursor(db=self._e.dbs["seqs"])
-        if not cur.set_range(_key(uid, 0)):
-            return
-        for k, v in cur:
-            if not bytes(k).startswith(prefix):
-                return
-            yield bytes(k), v
+    def read(self, uid: str, newest: int | None = None, tokens: int | None = None) -> list[StoredSequence]:
+        """The prompt's sequences, oldest first, with their weights decayed to now, those below
+        the floor left out; a corrupt record warns (once) and is skipped.
 
-    def read(self, uid: str) -> list[StoredSequence]:
-        """The prompt's sequences with their weights decayed to now, those below the floor
-        left out; a corrupt record warns (once) and is skipped."""
+        With `newest` and/or `tokens`: only the newest of those sequences, at most `newest` of
+        them and `tokens` tokens in all (the newest one whatever its length). The records are
+        then walked newest first and the walk stops at the bound, and headers carry the token
+        counts, so the read costs what it keeps, not all that the prompt has stored."""
         _check_uid(uid)
         out: list[StoredSequence] = []
+        bounded = newest is not None or tokens is not None
+        newest = sys.maxsize if newest is None else newest
+        tokens = sys.maxsize if tokens is None else tokens
 
         def fn(txn: lmdb.Transaction) -> None:
             info = self._e.get_info(txn)
-            now, hl, floor = int(info["tick"]), info["half_life"], info["floor"]
-            for key, value in self._records(txn, uid):
+            now, hl, floor, total = int(info["tick"]), info["half_life"], info["floor"], 0
+            for key, value in self._e.records(txn, uid.encode(), newest_first=bounded):
+                if len(out) >= newest:
+                    return
                 try:
-                    head, tokens, probs = seqrecord.decode_with_probs(value)
+                    head = seqrecord.check(value)
+                    w = head.weight * decay_factor(now, head.tick, hl)
+                    if not (w >= floor and w > 0):
+                        continue
+                    if out and total + head.tokens > tokens:
+                        return
+                    _, toks, probs = seqrecord.decode_with_probs(value)
                 except CorruptRecord as e:
                     self._warn(key, e)
                     continue
-                w = head.weight * decay_factor(now, head.tick, hl)
-                if w >= floor and w > 0:
-                    out.append(StoredSequence(tokens, head.tick, w, probs))
+                total += head.tokens
+                out.append(StoredSequence(toks, head.tick, w, probs))
 
         self._e.read(fn, buffers=True)
-        return out
+        return out[::-1] if bounded else out
 
     def _warn(self, key: bytes, e: Exception) -> None:
         if key not in self._warned:
@@ -216,7 +222,7 @@ class LmdbSequenceStore:
 
     def raw_records(self, uid: str) -> list[tuple[bytes, bytes]]:
         """(key, record bytes) of a prompt's records (for tools and tests)."""
-        return self._e.read(lambda txn: [(k, bytes(v)) for k, v in self._records(txn, uid)], buffers=True)
+        return self._e.read(lambda txn: [(k, bytes(v)) for k, v in self._e.records(txn, uid.encode())], buffers=True)
 
     def put_raw(self, key: bytes, value: bytes) -> None:
         """Overwrite one record's bytes as they are (for tests of corruption handling)."""
