@@ -14,7 +14,8 @@ Parameters are vLLM's defaults for `method="suffix"` (vllm/config/speculative.py
 `suffix_decoding_max_tree_depth=24`, `suffix_decoding_max_cached_requests=10000` (FIFO
 eviction past that), `suffix_decoding_max_spec_factor=1.0`, `suffix_decoding_min_token_prob=0.1`;
 at most the engine's draft length (the bench's `--budget`, or the adaptive length) per
-speculation. Drafts are deterministic, verified as point masses.
+speculation. Drafts are deterministic, verified as point masses; where the engine asks for a tree
+(its tail trees) it gets SuffixDecoding's own speculation tree (`use_tree_spec=True`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,14 @@ class ArcticDrafter(Drafter):
         draft = self.cache.speculate(seq.drafter_state, seq.tokens[-self.depth:], max_spec_tokens=budget,
                                      max_spec_factor=self.spec_factor, min_token_prob=self.min_prob)
         return Proposal(list(draft.token_ids))
+
+    def propose_tree(self, seq: Any, nodes: int) -> Proposal:
+        """Its own speculation tree (`use_tree_spec`), for the engine's tail trees: the same
+        verification srt's trees get."""
+        draft = self.cache.speculate(seq.drafter_state, seq.tokens[-self.depth:], max_spec_tokens=nodes,
+                                     max_spec_factor=self.spec_factor, min_token_prob=self.min_prob,
+                                     use_tree_spec=True)
+        return Proposal(list(draft.token_ids), parents=list(draft.parents))
 
     def extend(self, seq: Any, tokens: list[int]) -> None:
         self.cache.add_active_response(seq.drafter_state, tokens)

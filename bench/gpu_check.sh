@@ -13,7 +13,8 @@
 #      engine's CUDA KV-memory check runs with them);
 #   3. runs bench/rollout_bench.py with the embedded engine on CUDA (bundled workload, K = 8,
 #      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs (`srt` drafts
-#      by p-hat with stops, `srt-counts` by counts: which one the CUDA default should be); both runs
+#      by p-hat with stops, `srt-counts` by counts: which one the CUDA default should be; `-no-tail`:
+#      without the engine's tail trees, which are on by default with CUDA: whether they should be); both runs
 #      include the `arctic` config (ArcticInference's SuffixDecoding) where arctic_inference is
 #      installed. The GPU image does not have it and the package index has no binary wheel of
 #      arctic-inference 0.3 for the image's Python, so there the bench prints one line and
@@ -64,6 +65,7 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', 'transforme
 step "exactness tests on $DEV"
 SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider \
     tests/srtcli/rollout/engine/test_engine.py tests/srtcli/rollout/engine/test_engine_sampling.py tests/srtcli/rollout/engine/test_tree_verify.py \
+    tests/srtcli/rollout/engine/test_tail_trees.py \
     tests/attention/test_masks.py 2>&1 \
     | tee "$OUT/tests_$DEV.log" | tail -15
 
@@ -73,11 +75,12 @@ SRT_TEST_DEVICE=$DEV timeout 180 $PY -m pytest -q -p no:cacheprovider tests/srtc
 
 step "rollout bench, $DEV, batch 32"
 timeout 200 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \
-    --batch-size 32 --rollout-batch 8 --json-out "$OUT/rollout_${DEV}_b32.json" 2>&1 | tee "$OUT/rollout_${DEV}_b32.log" | tail -30
+    --batch-size 32 --rollout-batch 8 --json-out "$OUT/rollout_${DEV}_b32.json" \
+    --configs none,ngram,suffix,srt,srt-no-tail,srt+run-ahead,srt+run-ahead-no-tail,srt-counts,srt-tree-wide,srt-adaptive,arctic,arctic-no-tail 2>&1 | tee "$OUT/rollout_${DEV}_b32.log" | tail -30
 
 step "rollout bench, $DEV, batch 8"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 16 --epochs 3 --tools -n 8 --max-new-tokens 96 \
-    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-counts,srt-adaptive,srt-tree-wide,srt-tree-48,arctic \
+    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-no-tail,srt-counts,srt-adaptive,srt-tree-wide,srt-tree-48,arctic \
     --json-out "$OUT/rollout_${DEV}_b8.json" 2>&1 | tee "$OUT/rollout_${DEV}_b8.log" | tail -20
 step "profile: where a step's time goes (host Python vs the model), none and srt, batch 32"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \

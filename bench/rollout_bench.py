@@ -17,7 +17,9 @@ least as fast as HF generate. Not a test; timings are noisy on a shared machine.
 leftover mass; `srt-counts` (`--no-draft-stop`) samples by the children's counts, as srt did
 before it stored p-hat. `srt-tree`, `srt-tree-wide` and `srt-tree-48` verify a draft tree of
 16, 32 and 48 nodes; the
-last is only run when named in `--configs` (it costs the most compute per forward). The summary
+last is only run when named in `--configs` (it costs the most compute per forward), as are the
+`-tail` / `-no-tail` configs: the engine's tail trees (`--tail-nodes`) forced on (64 nodes) or
+off, where the others take the device's default (on with CUDA, off on a CPU). The summary
 prints each srt config's forwards against `arctic`, and host time (wall minus model time) per
 forward and per generated token, srt against `none`.
 
@@ -83,10 +85,18 @@ CONFIGS = {
     "srt-tree-48": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=6),  # not in the defaults
     "srt-adaptive": dict(draft="srt", run_ahead=False, adaptive=True),
     "arctic": dict(draft="arctic", run_ahead=False),  # bench/arctic_drafter.py, not an srt --draft
+    # the engine's tail trees forced on (64 nodes) or off; the others take the device's default
+    # (on with CUDA, off on a CPU); not in the default list
+    "srt-tail": dict(draft="srt", run_ahead=False, tail_nodes=64),
+    "srt-no-tail": dict(draft="srt", run_ahead=False, tail_nodes=0),
+    "srt+run-ahead-no-tail": dict(draft="srt", run_ahead=True, tail_nodes=0),
+    "arctic-tail": dict(draft="arctic", run_ahead=False, tail_nodes=64),
+    "arctic-no-tail": dict(draft="arctic", run_ahead=False, tail_nodes=0),
 }
+TAIL_CONFIGS = ("srt-tail", "srt-no-tail", "srt+run-ahead-no-tail", "arctic-tail", "arctic-no-tail")
 # `srt` takes the device's default draft length (adaptive on CPU, fixed on CUDA): the default
 # list adds the other policy beside it
-DEFAULT_CONFIGS = {dev: [n for n in CONFIGS if n not in (other, "srt-tree-48")]
+DEFAULT_CONFIGS = {dev: [n for n in CONFIGS if n not in (other, "srt-tree-48", *TAIL_CONFIGS)]
                    for dev, other in (("cpu", "srt-adaptive"), ("cuda", "srt-fixed"))}
 
 
@@ -172,7 +182,8 @@ def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path)
                 run_ahead_tokens=args.run_ahead_tokens, tools="calculator" if args.tools else None,
                 reward=None, device=args.device, threads=args.threads, resume=False,
                 adaptive_budget=False if args.fixed_budget else cfg.get("adaptive"),
-                shared_tree=cfg.get("shared_tree", True), draft_stop=cfg.get("draft_stop", True))
+                shared_tree=cfg.get("shared_tree", True), draft_stop=cfg.get("draft_stop", True),
+                tail_nodes=cfg.get("tail_nodes"))
 
 
 def hf_generate(args, model_path: Path, prompts: Path) -> dict:
@@ -355,16 +366,15 @@ def against_ceiling(rounds: dict, ceiling: dict, epoch: int) -> None:
 
 
 def outside_drafters(names: list[str]) -> dict:
-    """The drafter objects of the configs srt has no --draft for (`arctic`), each built once so
-    its cache lives across the epochs; a missing package skips its config with a note."""
+    """The drafter objects of the configs srt has no --draft for (`arctic` and its variants),
+    each built once so its cache lives across the epochs; a missing package skips them with a note."""
     from bench.arctic_drafter import ArcticDrafter, arctic_available
 
-    if "arctic" not in names:
-        return {}
-    if not arctic_available():
+    arctic = [n for n in names if CONFIGS[n]["draft"] == "arctic"]
+    if arctic and not arctic_available():
         print("arctic: skipped (arctic_inference is not installed: pip install -e '.[bench]')")
         return {}
-    return {"arctic": ArcticDrafter()}
+    return {n: ArcticDrafter() for n in arctic}
 
 
 def embedded_rollout(drafter=None, **o) -> dict:

@@ -4,7 +4,7 @@ Field names are the command's parameter names (`-n` is `k`, `--prompts` is `prom
 `--cache` is `cache_opt`), and each default here is the command's default: the command line
 takes its defaults from this class, so a library caller and the command agree without repeating
 them. Rules that need more than one option, or the device, are methods (`tool`, `pool_file`,
-`adaptive`, `run_ahead_on`, `batch_prompts`).
+`adaptive`, `tail_trees`, `run_ahead_on`, `batch_prompts`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from cache_store.seqload import LOAD_TOKENS
+
+TREE_ATTENTION = ("sdpa", "eager")  # the attentions that verify a draft tree (srt_slots' mask)
+TAIL_NODES = 64  # a tail tree's nodes at most (the engine's `tail_nodes`)
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class RolloutConfig:
     draft_stop: bool = True
     load_tokens: int = LOAD_TOKENS  # tokens of a prompt's stored rollouts its tree is built from
     adaptive_budget: bool | None = None  # None: by device (`adaptive`)
+    tail_nodes: int | None = None  # None: by the model's attention (`tail_trees`)
     cache_opt: str | None = None  # None: $SRT_CACHE or ~/.cache/srt
     out: str = "pool"
     batch_size: int = 32
@@ -84,6 +88,16 @@ class RolloutConfig:
         if self.adaptive_budget is not None:
             return bool(self.adaptive_budget)
         return device_type != "cuda"
+
+    def tail_trees(self, device_type: str, attn: str) -> int:
+        """--tail-nodes unless set: TAIL_NODES with CUDA where the model's attention can verify a
+        tree (sdpa, eager), else 0. A tail tree turns the long tail's cheap small forwards into
+        full ones with fewer of them: a gain where a forward costs about the same whatever its
+        tokens (a GPU), a loss on a CPU (docs/benchmarks.md: 18% fewer forwards, 17% more model
+        time)."""
+        if self.tail_nodes is not None:
+            return self.tail_nodes
+        return TAIL_NODES if device_type == "cuda" and attn in TREE_ATTENTION else 0
 
     def run_ahead_on(self, device_type: str) -> bool:
         """--run-ahead unless set: on with CUDA; off on CPU, where its extra rows slow the real work."""

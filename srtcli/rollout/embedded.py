@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from srtcli.errors import SrtError
-from srtcli.rollout.config import RolloutConfig
+from srtcli.rollout.config import TREE_ATTENTION, RolloutConfig
 from srtcli.rollout.driver import Groups
 from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
 from srtcli.rollout.steps import Sample
@@ -43,10 +43,14 @@ def sample_of(seq: Any, tok: Any, reward: float | None = None) -> Sample:
 
 
 def check_tree_attention(config: RolloutConfig, model: Any) -> None:
-    """--draft-mode tree verifies through the model's sdpa or eager attention only."""
+    """--draft-mode tree and --tail-nodes verify through the model's sdpa or eager attention only."""
     attn = model.config._attn_implementation
-    if config.draft == "srt" and config.draft_mode == "tree" and attn not in ("sdpa", "eager"):
+    if attn in TREE_ATTENTION:
+        return
+    if config.draft == "srt" and config.draft_mode == "tree":
         raise SrtError(f"--draft-mode tree needs the model's sdpa or eager attention, not {attn}")
+    if config.tail_nodes:
+        raise SrtError(f"--tail-nodes needs the model's sdpa or eager attention, not {attn} (0 turns tail trees off)")
 
 
 class EmbeddedBackend:
@@ -112,7 +116,8 @@ class EmbeddedBackend:
         self.engine = Engine(model, SamplingParams(c.temperature, c.top_p, c.top_k), self.drafter,
                              slots=self.slots, budget=c.budget if c.draft != "none" else 0, max_len=self.max_len,
                              eos_ids=set(eos), seed=c.seed, stop_fn=stop_fn, turn_end=turn_end,
-                             adaptive=c.adaptive(self.device_type))
+                             adaptive=c.adaptive(self.device_type),
+                             tail_nodes=c.tail_trees(self.device_type, model.config._attn_implementation))
 
     def generate(self, pl: Plan, groups: Groups) -> None:
         from srtcli.rollout.runahead import RunAhead, run_batches

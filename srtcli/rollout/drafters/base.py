@@ -1,7 +1,7 @@
 """The drafter interface every drafter implements, and the `Proposal` a drafter returns.
 
 The engine calls `begin(seq)` when a sequence takes a slot, `propose(seq, budget)` before every
-forward, `extend(seq, tokens)` with every token appended to the sequence (generated or tool
+forward (or `propose_tree(seq, nodes)` where its batch has room for a tree), `extend(seq, tokens)` with every token appended to the sequence (generated or tool
 output), and `end(seq)` when it leaves its slot. The rollout calls `group_done(uid)` when all
 samples of a prompt are finished, `flush()` at the end of each rollout batch (persist what is
 pending) and `close()` at the end.
@@ -57,6 +57,11 @@ class Drafter:
 
     def propose(self, seq: Any, budget: int) -> Proposal:
         return Proposal([])
+
+    def propose_tree(self, seq: Any, nodes: int) -> Proposal | None:
+        """A tree of up to `nodes` candidates, asked for where the batch has room for more than a
+        chain (the engine's tail trees); None: this drafter drafts chains only."""
+        return None
 
     def extend(self, seq: Any, tokens: list[int]) -> None:
         pass

@@ -92,10 +92,15 @@ class SrtDrafter(Drafter):
             toks, qs, dists = sample_draft(seq.drafter_state, budget, self.min_prob, self.rng.random,
                                            self.stop)
             return Proposal(toks, qs, dists) if dists else Proposal([])
-        stream, best = best_draft(seq.drafter_state, budget, self.min_prob)
-        if self.mode == "greedy":
-            return Proposal(best.tokens)
-        dt = stream.draft_tree(budget=budget, min_prob=self.min_prob)
+        if self.mode == "tree":
+            return self.propose_tree(seq, budget)
+        return Proposal(best_draft(seq.drafter_state, budget, self.min_prob)[1].tokens)
+
+    def propose_tree(self, seq: Any, nodes: int) -> Proposal:
+        """The best-first draft tree of the tree `best_draft` picks (`mode="tree"`, and the
+        engine's tail trees in every mode)."""
+        stream, _ = best_draft(seq.drafter_state, nodes, self.min_prob)
+        dt = stream.draft_tree(budget=nodes, min_prob=self.min_prob)
         return Proposal(dt.tokens, parents=dt.parents)
 
     def extend(self, seq: Any, tokens: list[int]) -> None:

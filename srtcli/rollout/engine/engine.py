@@ -30,6 +30,10 @@ How the pieces fit:
   pending tokens, each at the position of its depth and seeing only its ancestors (always a
   packed forward); verification walks one draw from p per node, and the accepted nodes' KV
   moves to the columns a chain of them would have had.
+- Tail trees (`tail_nodes`): a step never verifies more positions than a full batch of chains
+  would (slots x (1 + budget)). When fewer rows run, as in the long tail where a rollout batch
+  waits for its longest samples, the free positions go to the rows still running: each drafts
+  a tree (`Drafter.propose_tree`) of its share, up to `tail_nodes` nodes. Exact like any tree.
 """
 
 from __future__ import annotations
@@ -69,10 +73,12 @@ class Engine:
         stop_fn: StopFn | None = None,
         turn_end: TurnEndFn | None = None,
         adaptive: bool = True,
+        tail_nodes: int = 0,
     ):
         self.drafter = drafter
         self.budget, self.max_len, self.eos_ids = budget, max_len, set(eos_ids)
         self.stop_fn, self.turn_end, self.adaptive = stop_fn, turn_end, adaptive
+        self.tail_nodes = tail_nodes
         self.device = next(model.parameters()).device
         register_slot_attention()
         check_kv_fits(model, slots, max_len)  # before the cache grows to that size
@@ -120,7 +126,8 @@ class Engine:
                 waiting[0].pending.wait(WAIT_S)
             return done
         rows, followers = self._share_prompts(rows)
-        props = [self._propose(s) for s in rows]
+        nodes = self._tree_nodes(len(rows))
+        props = [self._propose(s, nodes) for s in rows]
         # short pending runs (a tool result) ride with the decode rows; only long ones (a fresh
         # prompt) get their own forward, so they do not pad every decode row
         short = max(8, self.budget + 1)
@@ -196,13 +203,19 @@ class Engine:
                 done.append(seq)
         return done
 
-    def _propose(self, seq: Sequence) -> Proposal:
+    def _tree_nodes(self, rows: int) -> int:
+        """Nodes each row's draft tree may have this step: its share of a full batch's positions,
+        up to `tail_nodes`; 0 (draft chains) while that share is no more than a chain's."""
+        share = len(self.slots) * (1 + self.budget) // max(rows, 1) - 1
+        return min(self.tail_nodes, share) if self.tail_nodes and share > self.budget else 0
+
+    def _propose(self, seq: Sequence, nodes: int = 0) -> Proposal:
         pending = len(seq.tokens) - seq.cache_len
-        room = min(
-            self.budget,
-            seq.max_new_tokens - seq.generated - 1,
-            self.max_len - seq.cache_len - pending - 1,
-        )
+        left = min(seq.max_new_tokens - seq.generated - 1, self.max_len - seq.cache_len - pending - 1)
+        tree = self.drafter.propose_tree(seq, min(nodes, left)) if min(nodes, left) > 0 else None
+        if tree is not None:
+            return tree.truncate(min(nodes, left))
+        room = min(self.budget, left)
         if self.adaptive:
             if seq.spec_len < 0:
                 seq.spec_len = self.budget

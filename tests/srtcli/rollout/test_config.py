@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from srtcli.cli.rollout import rollout
-from srtcli.rollout.config import RolloutConfig
+from srtcli.rollout.config import TAIL_NODES, RolloutConfig
 
 
 def test_every_option_of_the_command_is_a_field_with_the_commands_default():
@@ -33,6 +33,14 @@ def test_device_defaults_adaptive_on_cpu_run_ahead_with_cuda_and_flags_win():
     assert not c.run_ahead_on("cpu") and c.run_ahead_on("cuda")
     set_ = RolloutConfig("p.jsonl", adaptive_budget=False, run_ahead=True)
     assert not set_.adaptive("cpu") and set_.run_ahead_on("cpu")
+
+
+def test_tail_trees_default_on_with_cuda_where_the_attention_verifies_trees_and_the_flag_wins():
+    c = RolloutConfig("p.jsonl")
+    assert c.tail_trees("cuda", "sdpa") == c.tail_trees("cuda", "eager") == TAIL_NODES
+    assert c.tail_trees("cpu", "sdpa") == c.tail_trees("cuda", "flash_attention_2") == 0
+    assert RolloutConfig("p.jsonl", tail_nodes=16).tail_trees("cpu", "sdpa") == 16
+    assert RolloutConfig("p.jsonl", tail_nodes=0).tail_trees("cuda", "sdpa") == 0
 
 
 def test_a_rollout_batch_of_0_is_every_prompt_left():
