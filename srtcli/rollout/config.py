@@ -39,7 +39,7 @@ class RolloutConfig:
     draft_stop: bool = True
     load_tokens: int = LOAD_TOKENS  # tokens of a prompt's stored rollouts its tree is built from
     adaptive_budget: bool | None = None  # None: by device (`adaptive`)
-    tail_nodes: int | None = None  # None: by the model's attention (`tail_trees`)
+    tail_nodes: int | None = None  # None: by device and attention (`tail_trees`)
     cache_opt: str | None = None  # None: $SRT_CACHE or ~/.cache/srt
     out: str = "pool"
     batch_size: int = 32
@@ -93,8 +93,8 @@ class RolloutConfig:
         """--tail-nodes unless set: TAIL_NODES with CUDA where the model's attention can verify a
         tree (sdpa, eager), else 0. A tail tree turns the long tail's cheap small forwards into
         full ones with fewer of them: a gain where a forward costs about the same whatever its
-        tokens (a GPU), a loss on a CPU (docs/benchmarks.md: 18% fewer forwards, 17% more model
-        time)."""
+        tokens (a GPU), a loss on a CPU (docs/benchmarks.md: 18% fewer forwards, 17-19% more
+        model time)."""
         if self.tail_nodes is not None:
             return self.tail_nodes
         return TAIL_NODES if device_type == "cuda" and attn in TREE_ATTENTION else 0

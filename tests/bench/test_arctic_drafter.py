@@ -1,6 +1,7 @@
 """The rollout benchmark's `arctic` baseline (bench/arctic_drafter.py): ArcticInference's
 SuffixDecodingCache behind srtcli's drafter interface. Greedy rollout through it is
-token-identical to plain greedy decoding (verification is exact whatever the drafts), and one
+token-identical to plain greedy decoding (verification is exact whatever the drafts, chains or
+its speculation trees in the engine's tail trees), and one
 drafter object given to the embedded backend keeps its cache of past responses across runs, as
 the bench's epochs need. Skipped without arctic_inference (the optional `bench` extra)."""
 
@@ -27,11 +28,24 @@ torch.set_num_threads(1)
 PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [9, 9, 9, 9], [3, 1, 4, 1, 5, 9, 2, 6], [7, 7]]
 
 
+class CountedTrees(ArcticDrafter):
+    def __init__(self):
+        super().__init__()
+        self.trees = 0
+
+    def propose_tree(self, seq, nodes):
+        self.trees += 1
+        return super().propose_tree(seq, nodes)
+
+
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
-def test_greedy_rollout_is_token_identical_to_plain_greedy(kind):
+@pytest.mark.parametrize("tail_nodes", [0, 8])  # with 8, rows of a batch not full draft SuffixDecoding's trees
+def test_greedy_rollout_is_token_identical_to_plain_greedy(kind, tail_nodes):
     model = tiny_model(kind, sharp=4.0)
     eos = {5}
-    eng = Engine(model, SamplingParams(temperature=0), ArcticDrafter(), slots=3, budget=5, max_len=128, eos_ids=eos)
+    drafter = CountedTrees()
+    eng = Engine(model, SamplingParams(temperature=0), drafter, slots=3, budget=5, max_len=128, eos_ids=eos,
+                 tail_nodes=tail_nodes)
     # prompts repeat, so cached responses of earlier requests have something to draft
     seqs = [Sequence(p, max_new_tokens=8 + 3 * i, group=str(i % 6)) for i, p in enumerate(PROMPTS * 2)]
     todo = list(seqs)
@@ -42,6 +56,7 @@ def test_greedy_rollout_is_token_identical_to_plain_greedy(kind):
     for s in seqs:
         assert s.output == plain_greedy(model, s.prompt_ids, s.max_new_tokens, eos)
     assert 0 < eng.stats.accepted < eng.stats.drafted  # drafts were accepted, and rejected ones rolled back
+    assert (drafter.trees > 0) == (tail_nodes > 0)
 
 
 def test_one_drafter_keeps_past_responses_across_runs(tmp_path):

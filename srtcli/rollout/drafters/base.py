@@ -1,8 +1,9 @@
 """The drafter interface every drafter implements, and the `Proposal` a drafter returns.
 
 The engine calls `begin(seq)` when a sequence takes a slot, `propose(seq, budget)` before every
-forward (or `propose_tree(seq, nodes)` where its batch has room for a tree), `extend(seq, tokens)` with every token appended to the sequence (generated or tool
-output), and `end(seq)` when it leaves its slot. The rollout calls `group_done(uid)` when all
+forward (or `propose_tree(seq, nodes)` where its batch has room for a tree), `extend(seq,
+tokens)` with every token appended to the sequence (generated or tool output), and `end(seq)`
+when it leaves its slot. The rollout calls `group_done(uid)` when all
 samples of a prompt are finished, `flush()` at the end of each rollout batch (persist what is
 pending) and `close()` at the end.
 

@@ -212,9 +212,10 @@ class Engine:
     def _propose(self, seq: Sequence, nodes: int = 0) -> Proposal:
         pending = len(seq.tokens) - seq.cache_len
         left = min(seq.max_new_tokens - seq.generated - 1, self.max_len - seq.cache_len - pending - 1)
-        tree = self.drafter.propose_tree(seq, min(nodes, left)) if min(nodes, left) > 0 else None
+        nodes = min(nodes, left)  # a tree's depth never passes what the sequence may still take
+        tree = self.drafter.propose_tree(seq, nodes) if nodes > 0 else None
         if tree is not None:
-            return tree.truncate(min(nodes, left))
+            return tree.truncate(nodes)
         room = min(self.budget, left)
         if self.adaptive:
             if seq.spec_len < 0:

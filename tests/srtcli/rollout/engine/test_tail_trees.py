@@ -10,14 +10,14 @@ import pytest
 import torch
 
 import srtcli.rollout.engine.tree_verify as tree_mod
-from srtcli.rollout.drafters.base import Drafter
+from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.srt import SrtDrafter
 from srtcli.rollout.engine.engine import Engine
 from srtcli.rollout.engine.sampling import SamplingParams
 from srtcli.rollout.engine.sequence import Sequence
 from tests.srtcli.rollout.engine import test_engine_sampling as ts
 from tests.srtcli.rollout.engine.test_engine import PROMPTS, drive
-from tests.srtcli.rollout.engine.test_tree_verify import OracleTree, walk_tree
+from tests.srtcli.rollout.engine.test_tree_verify import OracleTree, biased_walk
 from tests.srtcli.rollout.engine.support import plain_greedy, tiny_model
 
 torch.set_num_threads(1)
@@ -41,7 +41,7 @@ class TailOracle(OracleTree):
         self.engine, self.trees = None, []
 
     def propose(self, seq, budget):
-        return ts.Proposal([])
+        return Proposal([])
 
     def propose_tree(self, seq, nodes):
         self.trees.append((nodes, sum(s.pending is None for s in self.engine.active())))
@@ -118,13 +118,7 @@ def test_tail_tree_sampling_matches_the_model_exactly():
 
 
 def test_a_biased_walk_of_the_tail_trees_is_caught(monkeypatch):
-    def biased(x, tokens, parents):
-        path, final = walk_tree(x, tokens, parents)
-        node = path[-1] if path else -1
-        kids = [i for i, par in enumerate(parents) if par == node]
-        return (path, tokens[kids[0]]) if kids else (path, final)  # a miss emits the first child
-
-    monkeypatch.setattr(tree_mod, "walk_tree", biased)
+    monkeypatch.setattr(tree_mod, "walk_tree", biased_walk)
     model = ts.tiny_model("qwen2", vocab=ts.V, sharp=6.0, seed=3)
     params = SamplingParams(1.0)
     counts, _, _ = tail_sample(model, params)

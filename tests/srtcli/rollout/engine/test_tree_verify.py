@@ -108,14 +108,16 @@ def test_tree_drafted_sampling_matches_the_model_exactly(params, groups):
     assert ts.fit(counts, ts.exact(model, params)) > 1e-3
 
 
-def test_a_walk_that_falls_back_to_a_drafted_child_is_caught(monkeypatch):
-    def biased(x, tokens, parents):
-        path, final = walk_tree(x, tokens, parents)
-        node = path[-1] if path else -1
-        kids = [i for i, par in enumerate(parents) if par == node]
-        return (path, tokens[kids[0]]) if kids else (path, final)  # a miss emits the first child
+def biased_walk(x, tokens, parents):
+    """A wrong walk: where the draw misses every child, it emits the first child instead."""
+    path, final = walk_tree(x, tokens, parents)
+    node = path[-1] if path else -1
+    kids = [i for i, par in enumerate(parents) if par == node]
+    return (path, tokens[kids[0]]) if kids else (path, final)
 
-    monkeypatch.setattr(tree_mod, "walk_tree", biased)
+
+def test_a_walk_that_falls_back_to_a_drafted_child_is_caught(monkeypatch):
+    monkeypatch.setattr(tree_mod, "walk_tree", biased_walk)
     model = ts.tiny_model("qwen2", vocab=ts.V, sharp=6.0, seed=3)
     params = SamplingParams(1.0)
     counts, _ = ts.sample(model, SrtDrafter(mode="tree", min_prob=0.0), params)
