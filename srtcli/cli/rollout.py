@@ -57,7 +57,8 @@ from srtcli.rollout.drafters import DRAFTERS
                    "[default: adaptive on CPU, where every verified token costs FLOPs; fixed with "
                    "CUDA, where it cuts forwards (docs/rollout.md)].")
 @click.option("--tail-nodes", type=click.IntRange(min=0), default=default("tail_nodes"),
-              help="Embedded engine: a step verifies at most what a full batch of chains would; when "
+              help="Embedded engine: a step verifies at most what a full batch of chains would (and at "
+                   "most 512 positions); when "
                    "fewer rows run (the long tail), each drafts a tree of its share of the free "
                    "positions, up to this many nodes; 0 = off [default: 64 with CUDA where the model's "
                    "attention is sdpa or eager, else 0: on a CPU it costs more than it saves] "

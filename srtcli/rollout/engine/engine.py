@@ -31,7 +31,7 @@ How the pieces fit:
   packed forward); verification walks one draw from p per node, and the accepted nodes' KV
   moves to the columns a chain of them would have had.
 - Tail trees (`tail_nodes`): a step never verifies more positions than a full batch of chains
-  would (slots x (1 + budget)). When fewer rows run, as in the long tail where a rollout batch
+  would (slots x (1 + budget), and at most TAIL_POSITIONS). When fewer rows run, as in the long tail where a rollout batch
   waits for its longest samples, the free positions go to the rows still running: each drafts
   a tree (`Drafter.propose_tree`) of its share, up to `tail_nodes` nodes. Exact like any tree.
 """
@@ -55,6 +55,10 @@ from srtcli.rollout.engine.verify import verify_chains
 
 
 WAIT_S = 0.02  # longest sleep while every row waits for a tool (a call's time limit may fall due)
+# the most positions a step's tail trees fill: past a few hundred tokens a GPU forward is
+# compute-bound (bf16 peak FLOPs over memory bandwidth is ~200 tokens on an H100 or H200), so
+# a tree beyond that would cost more than the forward it saves
+TAIL_POSITIONS = 512
 
 
 class Engine:
@@ -204,9 +208,10 @@ class Engine:
         return done
 
     def _tree_nodes(self, rows: int) -> int:
-        """Nodes each row's draft tree may have this step: its share of a full batch's positions,
-        up to `tail_nodes`; 0 (draft chains) while that share is no more than a chain's."""
-        share = len(self.slots) * (1 + self.budget) // max(rows, 1) - 1
+        """Nodes each row's draft tree may have this step: its share of a full batch's positions
+        (at most TAIL_POSITIONS), up to `tail_nodes`; 0 (draft chains) while that share is no
+        more than a chain's."""
+        share = min(len(self.slots) * (1 + self.budget), TAIL_POSITIONS) // max(rows, 1) - 1
         return min(self.tail_nodes, share) if self.tail_nodes and share > self.budget else 0
 
     def _propose(self, seq: Sequence, nodes: int = 0) -> Proposal:

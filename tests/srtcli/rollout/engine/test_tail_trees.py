@@ -12,7 +12,7 @@ import torch
 import srtcli.rollout.engine.tree_verify as tree_mod
 from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.srt import SrtDrafter
-from srtcli.rollout.engine.engine import Engine
+from srtcli.rollout.engine.engine import TAIL_POSITIONS, Engine
 from srtcli.rollout.engine.sampling import SamplingParams
 from srtcli.rollout.engine.sequence import Sequence
 from tests.srtcli.rollout.engine import test_engine_sampling as ts
@@ -29,6 +29,11 @@ def test_a_rows_share_is_what_a_full_batch_of_chains_leaves_it():
     assert [eng._tree_nodes(r) for r in (8, 7, 5, 4, 2, 1)] == [0, 0, 7, 9, 19, 20]
     eng.tail_nodes = 0
     assert [eng._tree_nodes(r) for r in (8, 4, 1)] == [0, 0, 0]
+    # a large batch's full positions (256 x 9) are past where a GPU forward turns compute-bound:
+    # the tail shares TAIL_POSITIONS, so trees start once a row's share passes 9: 51 rows
+    big = Engine(tiny_model("qwen2"), SamplingParams(0.0), Drafter(), slots=256, budget=8, max_len=16, tail_nodes=64)
+    assert TAIL_POSITIONS == 512
+    assert [big._tree_nodes(r) for r in (255, 56, 52, 51, 32, 8, 1)] == [0, 0, 0, 9, 15, 63, 64]
 
 
 class TailOracle(OracleTree):
