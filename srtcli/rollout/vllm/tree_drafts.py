@@ -113,22 +113,24 @@ class TreeDrafts:
         return _Seq(uid, plen, plen, streams, tuple(st.core for st in streams), g)
 
     @staticmethod
-    def _continues(s: _Seq, row: np.ndarray, n: int) -> bool:
-        return n >= s.seen and np.array_equal(row[tail_positions(np.array([s.seen]))[0]], s.tail)
+    def _continues(s: _Seq, row: np.ndarray, n: int, k: int) -> bool:
+        """Whether a row `n` long that sampled `k` tokens holds `s`: exactly what it had and those (a
+        longer identical sibling, as greedy samples are, is not it), with the same tail."""
+        held = n >= s.seen if s.done else n - k == s.seen  # a done one may hold junk after eos
+        return held and np.array_equal(row[tail_positions(np.array([s.seen]))[0]], s.tail)
 
-    def _moved(self, free: dict[int, _Seq], row: np.ndarray, n: int) -> _Seq | None:
+    def _moved(self, free: dict[int, _Seq], row: np.ndarray, n: int, k: int) -> _Seq | None:
         """A tracked sequence that now sits in another row (vLLM condensed its batch)."""
-        return next((s for s in free.values() if self._continues(s, row, n)), None)
+        return next((s for s in free.values() if self._continues(s, row, n, k)), None)
 
     def _returned(self, row: np.ndarray, held: int) -> _Seq | None:
-        """A sequence out of the batch that came back holding exactly what it held (and this
-        step's tokens): a longer row that merely starts with it, like a chat's next turn, is new."""
-        return next((s for s in self.away.values() if s.seen == held and self._continues(s, row, held)), None)
+        """A sequence back in the batch holding exactly what it held (a longer row starting with it is new)."""
+        return next((s for s in self.away.values() if s.seen == held and self._continues(s, row, held, 0)), None)
 
     def _arrived(self, free: dict[int, _Seq], row: np.ndarray, n: int, k: int) -> _Seq:
         """The sequence a row holds that is not the one it held: a tracked one that moved, one
         that came back, else a new one whose prompt is the row without its `k` sampled tokens."""
-        s = self._moved(free, row, n)
+        s = self._moved(free, row, n, k)
         if s is not None:
             free.pop(id(s))
             return s
@@ -140,29 +142,29 @@ class TreeDrafts:
             return s
         return self._new_seq(row, max(n - k, 1))
 
-    def _kept(self, rows: int, num: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """Per sequence tracked last step (in the order of `self.rows`): whether its row (< `rows`)
-        still holds it: as long as it was or longer, with the same `TAIL` tokens before that
-        length; one gather for the whole batch."""
+    def _kept(self, sampled: np.ndarray, num: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Per tracked sequence (order of `rows`): whether its row still holds it (`_continues`), at once."""
         same = np.zeros(len(self.slots), dtype=bool)
-        live = self.slots < rows
+        live = self.slots < len(sampled)
         if live.any():
             slots, seen = self.slots[live], self.seen[live]
+            done = np.fromiter((s.done for s in self.rows.values()), bool, len(self.slots))[live]
             at = self.tail_at[live] if ids.shape[1] == self.width else tail_positions(seen, slots, ids.shape[1])
-            same[live] = (ids.reshape(-1)[at] == self.tails[live]).all(1) & (num[slots] >= seen)
+            grown = np.where(done, num[slots] >= seen, num[slots] - sampled[slots] == seen)
+            same[live] = (ids.reshape(-1)[at] == self.tails[live]).all(1) & grown
         return same
 
-    def _track(self, sampled: list[int], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray) -> dict[int, _Seq]:
+    def _track(self, sampled: np.ndarray, num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray) -> dict[int, _Seq]:
         """Row -> the sequence it holds now (`sampled`: how many tokens each row sampled this
         step); a tracked sequence no row holds any more has left."""
-        kept, prev = self._kept(len(sampled), num_tokens_no_spec, token_ids_cpu), list(self.rows.values())
+        kept, prev = self._kept(sampled, num_tokens_no_spec, token_ids_cpu), list(self.rows.values())
         cur = {i: self.rows[i] for i in np.sort(self.slots[kept]).tolist()}  # rows that kept their sequence
         free = {}
         for j in np.flatnonzero(~kept).tolist():  # the others may have moved, left or come back later
             s = prev[j]
             s.tail = self.tails[j]
             free[id(s)] = s
-        for i, k in enumerate(sampled):  # moved rows, returning and new sequences
+        for i, k in enumerate(sampled.tolist()):  # moved rows, returning and new sequences
             if i in cur or not k:  # still prefilling: nothing sampled yet
                 continue
             cur[i] = self._arrived(free, token_ids_cpu[i], int(num_tokens_no_spec[i]), k)
@@ -171,8 +173,7 @@ class TreeDrafts:
         return cur
 
     def _left(self, s: _Seq) -> None:
-        """A sequence left the batch: finished, or preempted or skipped for a step (it may come
-        back); it ends after `PARK_STEPS` steps away."""
+        """A sequence left the batch (finished, preempted or skipped: it may come back); ends in `PARK_STEPS`."""
         if not s.ended:
             s.left = self.step
             self.away[id(s)] = s
@@ -185,8 +186,7 @@ class TreeDrafts:
             self._end(s)
 
     def _remember(self, slots: np.ndarray, seen: np.ndarray, ids: np.ndarray) -> None:
-        """Note each tracked row's slot, length and the `TAIL` tokens before it, for the next step
-        (arrays in the order of `rows`)."""
+        """Each tracked row's slot, length and `TAIL` tokens before it, for the next step (order of `rows`)."""
         self.slots, self.seen, self.width = slots, seen, ids.shape[1]
         self.tail_at = tail_positions(seen, slots, self.width)
         self.tails = ids.reshape(-1)[self.tail_at]
@@ -202,7 +202,7 @@ class TreeDrafts:
             sampled = np.fromiter(map(len, sampled_token_ids), np.int64, len(sampled_token_ids))
             self.c.row_forwards += int(np.count_nonzero(sampled))
             num = np.asarray(num_tokens_no_spec)
-            self.rows = self._track(sampled.tolist(), num, token_ids_cpu)
+            self.rows = self._track(sampled, num, token_ids_cpu)
             out: list[list[int]] = [[] for _ in range(len(sampled_token_ids))]
             self._remember(*self._step(out, sampled, num, token_ids_cpu), token_ids_cpu)
             self._expire()

@@ -39,19 +39,19 @@ class WholeRowTracking(TreeDrafts):
     def _seen(self, s) -> np.ndarray:
         return s.hist
 
-    def _continues(self, s, row, n) -> bool:
-        m = len(self._seen(s))
-        return n >= m and np.array_equal(row[:m], self._seen(s))
+    def _continues(self, s, row, n, k) -> bool:
+        m = len(self._seen(s))  # exactly what it had and this step's k tokens (a done one: at least)
+        return (n >= m if s.done else n - k == m) and np.array_equal(row[:m], self._seen(s))
 
-    def _moved(self, free, row, n):
-        return next((s for s in free.values() if self._continues(s, row, n)), None)
+    def _moved(self, free, row, n, k):
+        return next((s for s in free.values() if self._continues(s, row, n, k)), None)
 
     def _track(self, sampled, num, ids):
         prev, cur = self.rows, {}
         free = {id(s): s for s in prev.values()}
         for i in range(len(sampled)):
             s = prev.get(i)
-            if s is not None and self._continues(s, ids[i], int(num[i])):
+            if s is not None and self._continues(s, ids[i], int(num[i]), int(sampled[i])):
                 cur[i] = s
                 free.pop(id(s), None)
         for i in range(len(sampled)):
@@ -233,6 +233,32 @@ def test_a_row_whose_tokens_before_its_length_changed_is_not_taken_for_the_same_
     assert d.rows[0] is not first and first in d.away.values()  # out of the batch: it may come back
     d.finish()
     assert first.ended
+
+
+def test_identical_samples_that_trade_rows_are_each_still_themselves():
+    """Greedy samples of a prompt are identical: a longer one now in the row a shorter one held
+    starts with the same tokens, but it is not that one (its length is not what that one had
+    plus this step's tokens), so neither is taken for the other nor for a new sequence."""
+    d = TreeDrafts(Table(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP), 4, WIDTH - 8)
+    full = [11, 12] + [20 + i % 5 for i in range(40)]
+    ids = np.zeros((2, WIDTH), dtype=np.int64)
+    n = [3, 3]
+
+    def step(rows, k):  # rows: which sample each row holds now; k: tokens each sample takes
+        for s, kk in enumerate(k):
+            n[s] += kk
+        ids[:] = 0
+        for r, s in enumerate(rows):
+            ids[r, : n[s]] = full[: n[s]]
+        d.propose([[0] * k[s] for s in rows], np.array([n[s] for s in rows]), ids)
+
+    step([0, 1], [0, 0])
+    for _ in range(4):
+        step([0, 1], [1, 5])  # the second sample runs ahead of the first
+    a, b = d.rows[0], d.rows[1]
+    step([1, 0], [1, 1])  # vLLM reorders its batch: they trade rows
+    assert d.rows[0] is b and d.rows[1] is a and (a.seen, b.seen) == (n[0], n[1])
+    assert len(d.groups.pending) == 0 and d.away == {}  # no sequence left, none started anew
 
 
 def test_rows_after_a_finished_batch_are_new_sequences_of_the_next():

@@ -105,7 +105,7 @@ def stored(store: LmdbSequenceStore) -> dict[str, list[tuple[int, ...]]]:
 class NoMoveTracking(TreeDrafts):
     """Deliberately wrong: a row whose sequence moved is taken for a new sequence."""
 
-    def _moved(self, free, row, n):
+    def _moved(self, free, row, n, k):
         return None
 
 
