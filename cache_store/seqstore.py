@@ -200,7 +200,7 @@ class LmdbSequenceStore:
                         continue
                     if out and total + head.tokens > tokens:
                         return
-                    _, toks, probs = seqrecord.decode_with_probs(value)
+                    _, toks, probs = seqrecord.decode_with_probs(value, head)
                 except CorruptRecord as e:
                     self._warn(key, e)
                     continue

@@ -31,9 +31,10 @@ How the pieces fit:
   packed forward); verification walks one draw from p per node, and the accepted nodes' KV
   moves to the columns a chain of them would have had.
 - Tail trees (`tail_nodes`): a step never verifies more positions than a full batch of chains
-  would (slots x (1 + budget), and at most TAIL_POSITIONS). When fewer rows run, as in the long tail where a rollout batch
-  waits for its longest samples, the free positions go to the rows still running: each drafts
-  a tree (`Drafter.propose_tree`) of its share, up to `tail_nodes` nodes. Exact like any tree.
+  would (slots x (1 + budget), and at most TAIL_POSITIONS). When fewer rows run, as in the
+  long tail where a rollout batch waits for its longest samples, the free positions go to the
+  rows still running: each drafts a tree (`Drafter.propose_tree`) of its share, up to
+  `tail_nodes` nodes. Exact like any tree.
 """
 
 from __future__ import annotations

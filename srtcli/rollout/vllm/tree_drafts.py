@@ -98,7 +98,7 @@ class TreeDrafts:
         self.trees = GroupTrees(store, table.shared, writer=writer, load_tokens=table.load_tokens)
         self.groups = LiveGroups(self.trees, commit_every, commit_seconds, idle_groups)
         self.rows: dict[int, _Seq] = {}
-        self._remember(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, TAIL), dtype=np.int64))
+        self._remember(*np.zeros((3, 0), dtype=np.int64), np.zeros((0, TAIL), dtype=np.int64))
         self.away: dict[int, _Seq] = {}  # id -> sequence out of the batch that may come back
         self.step, self.clock = 0, StepClock()
         self.lock = threading.RLock()
@@ -148,9 +148,8 @@ class TreeDrafts:
         live = self.slots < len(sampled)
         if live.any():
             slots, seen = self.slots[live], self.seen[live]
-            done = np.fromiter((s.done for s in self.rows.values()), bool, len(self.slots))[live]
             at = self.tail_at[live] if ids.shape[1] == self.width else tail_positions(seen, slots, ids.shape[1])
-            grown = np.where(done, num[slots] >= seen, num[slots] - sampled[slots] == seen)
+            grown = np.where(self.done[live], num[slots] >= seen, num[slots] - sampled[slots] == seen)
             same[live] = (ids.reshape(-1)[at] == self.tails[live]).all(1) & grown
         return same
 
@@ -185,9 +184,9 @@ class TreeDrafts:
             del self.away[id(s)]
             self._end(s)
 
-    def _remember(self, slots: np.ndarray, seen: np.ndarray, ids: np.ndarray) -> None:
-        """Each tracked row's slot, length and `TAIL` tokens before it, for the next step (order of `rows`)."""
-        self.slots, self.seen, self.width = slots, seen, ids.shape[1]
+    def _remember(self, slots: np.ndarray, seen: np.ndarray, done: np.ndarray, ids: np.ndarray) -> None:
+        """Each tracked row's slot, length, doneness and `TAIL` tokens before it, for the next step."""
+        self.slots, self.seen, self.done, self.width = slots, seen, done, ids.shape[1]
         self.tail_at = tail_positions(seen, slots, self.width)
         self.tails = ids.reshape(-1)[self.tail_at]
 
@@ -211,13 +210,13 @@ class TreeDrafts:
             self.clock.tick()
             return out
 
-    def _step(self, out: list, sampled: np.ndarray, num: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _step(self, out: list, sampled: np.ndarray, num: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, ...]:
         """Every tracked row at once, in two compiled calls: feed its new tokens and adapt its
-        draft length (`_feed`), then draft for the rows that sampled. Returns the rows' slots and
-        lengths."""
+        draft length (`_feed`), then draft for the rows that sampled. Returns the rows' slots,
+        lengths and whether each is done."""
         slots = np.fromiter(self.rows, np.int64, len(self.rows))
         if not len(slots):
-            return slots, slots
+            return slots, slots, slots
         seqs = list(self.rows.values())
         b = self._feed(seqs, slots, num[slots].astype(np.int64), ids)
         drafting = (sampled[b.slots] > 0) & ~b.done
@@ -230,7 +229,7 @@ class TreeDrafts:
             s.spec_len, out[i] = sl, d
             if dr or v:  # a verified draft is spent; a new one replaces it
                 s.last_draft = d
-        return b.slots, b.seen
+        return b.slots, b.seen, b.done
 
     def _feed(self, seqs: list[_Seq], slots: np.ndarray, n: np.ndarray, ids: np.ndarray) -> "_Rows":
         """Each row's new tokens into its trees (up to and including eos or `max_new_tokens`,
@@ -291,7 +290,7 @@ class TreeDrafts:
         with self.lock:
             self._end_all(self.rows)
             self._end_all(self.away)
-            self._remember(self.slots[:0], self.seen[:0], np.zeros((0, TAIL), dtype=np.int64))
+            self._remember(self.slots[:0], self.seen[:0], self.done[:0], np.zeros((0, TAIL), dtype=np.int64))
             self.flush()
             self.c.groups, self.c.hits = self.trees.loaded, self.trees.hits
             self.trees.loaded = self.trees.hits = 0

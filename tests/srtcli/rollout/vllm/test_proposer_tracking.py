@@ -69,7 +69,7 @@ class WholeRowTracking(TreeDrafts):
         for i, s in self.rows.items():
             if sampled[i] and not s.done:
                 out[i] = s.last_draft = self._draft(s, ids[i], int(num[i]))
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.zeros((3, 0), dtype=np.int64)
 
     def _feed(self, s, row, n) -> None:
         seen = self._seen(s)
