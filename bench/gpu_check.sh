@@ -25,7 +25,9 @@
 #      host Python as the likely bottleneck, and this says where it goes;
 #   5. prints bench/proposer_bench.py (the vLLM proposer's host cost per row per step, 256 rows,
 #      1,000- and 8,192-token responses, then verified rows drafting the whole budget with an
-#      earlier epoch in the trees, acceptance beside cost; CPU work, ~2 minutes) on that machine's CPU;
+#      earlier epoch in the trees, acceptance beside cost, its loads built off the step beside in
+#      it (`srt-in-step`); CPU work, ~2.5 minutes) on that machine's CPU (16 cores: the builds'
+#      threads get cores of their own there);
 #   6. where the image has vLLM (too large to carry: without it this prints one line and skips):
 #      the SRT speculator against `none` and vLLM's own `suffix` on CUDA, one engine each side by
 #      side (bench/rollout_bench.py --engine vllm: K = 8, T = 0, three epochs on one cache, the
@@ -91,7 +93,9 @@ for t in 1000 8192; do
     timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens $t --steps 600 --own-tree 2>&1 | tail -6
 done
 # drafting beside cost as vLLM on CUDA runs it: verified rows, the whole budget, an earlier epoch
-timeout 120 $PY bench/proposer_bench.py --rows 256 --tokens 1000 --steps 600 --verify --fixed-budget --history 8 2>&1 | tail -5
+# (16 x 8,192 stored tokens a prompt), 20 ms forwards; loads off the step against in the step
+timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens 8192 --steps 300 --verify --fixed-budget --history 16 \
+    --forward-ms 20 --in-step 2>&1 | tail -6
 step "vLLM on $DEV: the SRT speculator against none and vLLM's suffix, then vllm serve with it"
 if $PY -c "import vllm" >/dev/null 2>&1; then
     VCONF=none,srt

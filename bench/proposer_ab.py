@@ -79,7 +79,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--history", type=int, default=8)
     args = ap.parse_args()
-    opts = argparse.Namespace(tokens=args.tokens, fixed_budget=True, history=args.history)
+    opts = argparse.Namespace(tokens=args.tokens, fixed_budget=True, history=args.history, load_steps=0)
     with tempfile.TemporaryDirectory() as tmp:
         kinds = {}
         other = (args.core, module_on_core(args.core)) if args.core else (args.rev, module_at(args.rev, tmp))

@@ -25,7 +25,10 @@ the cost's ratio to ArcticInference. srt's draft length adapts to what was accep
 (`--fixed-budget`: the whole budget, the CUDA default); with rows keeping 1-4 tokens whatever was
 drafted, that length reads as short, so compare drafting under `--verify`. `--own-tree` adds
 `srt-own`, the proposer without the run-wide tree (`Table.shared=False`), to see what that
-tree's inserts cost.
+tree's inserts cost. A stored tree is built off the step and adopted `--load-steps` steps later
+(the proposer's default); `--in-step` adds `srt-in-step`, which builds it inside the step, and
+`--forward-ms` waits after each step as the host does during a GPU forward (untimed), the time
+in which builds off the step run.
 """
 
 from __future__ import annotations
@@ -203,11 +206,12 @@ def propose(prop: TreeDrafts | Arctic, batch: Batch, sampled: list[list[int]]) -
 
 
 def srt_proposer(args: argparse.Namespace, shared: bool, work: Workload, stores: str,
-                 cls: type = TreeDrafts) -> TreeDrafts:
+                 cls: type = TreeDrafts, load_steps: int | None = None) -> TreeDrafts:
     """The srt proposer (`cls`: another version of it); with `--history`, on a store (under
     `stores`) that holds each prompt's earlier responses from before its first request, as a
-    later epoch's cache does."""
-    table = Table(None, args.tokens, [EOS], adaptive=not args.fixed_budget, shared=shared, fingerprint=FINGERPRINT)
+    later epoch's cache does (built off the step, adopted `load_steps` steps later; 0: in it)."""
+    table = Table(None, args.tokens, [EOS], adaptive=not args.fixed_budget, shared=shared, fingerprint=FINGERPRINT,
+                  load_steps=args.load_steps if load_steps is None else load_steps)
     store = None
     if args.history:
         store = LmdbSequenceStore.open(tempfile.mkdtemp(dir=stores))
@@ -220,8 +224,8 @@ def run(args: argparse.Namespace, stores: str) -> dict:
     k = args.rows // args.prompts
     prompts = args.prompts + (args.steps * ADMIT) // k + 2
     kinds: dict = {}
-    for name in ("srt", "srt-own", "arctic"):
-        if name == "srt-own" and not args.own_tree:
+    for name in ("srt", "srt-own", "srt-in-step", "arctic"):
+        if (name == "srt-own" and not args.own_tree) or (name == "srt-in-step" and not args.in_step):
             continue
         work = Workload(args.seed, k, args.tokens, prompts, args.history)
         if name == "arctic":
@@ -231,8 +235,8 @@ def run(args: argparse.Namespace, stores: str) -> dict:
                 print("arctic_inference is not installed: ArcticInference's figures are skipped")
                 continue
             work.earlier = prop.remember
-        else:  # srt-own: without the run-wide tree, to see what its inserts cost
-            prop = srt_proposer(args, name == "srt", work, stores)
+        else:  # srt-own: without the run-wide tree, to see what its inserts cost; srt-in-step: loads in it
+            prop = srt_proposer(args, name != "srt-own", work, stores, load_steps=0 if name == "srt-in-step" else None)
         kinds[name] = (prop, Batch(work, args.rows, args.verify))
     res: dict = {name: {"us": [], "drafted": [], "accepted": [], "rows": []} for name in kinds}
     # by default each proposer runs all its steps on its own; `--interleave` alternates them step
@@ -241,7 +245,11 @@ def run(args: argparse.Namespace, stores: str) -> dict:
     order = [(name, step) for step in range(args.steps) for name in kinds] if args.interleave else \
         [(name, step) for name in kinds for step in range(args.steps)]
     for name, (prop, batch) in kinds.items():  # untimed: the first rows' tokens so far go in
+        if isinstance(prop, TreeDrafts):  # and their prompts' stored trees, loaded in that step
+            prop.trees.load_steps, load_steps = 0, prop.trees.load_steps
         batch.offer(propose(prop, batch, batch.catch_up()))
+        if isinstance(prop, TreeDrafts):
+            prop.trees.load_steps = load_steps
     for name, _ in order:
         prop, batch = kinds[name]
         sampled = batch.step()
@@ -254,6 +262,7 @@ def run(args: argparse.Namespace, stores: str) -> dict:
         gone = batch.retire()
         if name == "arctic":
             prop.finish(gone)
+        time.sleep(args.forward_ms / 1e3)  # the model's forward: the host waits, the GIL released
     return res
 
 
@@ -264,18 +273,19 @@ def per_row(r: dict, key: str, first: int = 0) -> float:
 
 def report(args: argparse.Namespace, res: dict) -> None:
     how = ["interleaved" if args.interleave else "each on its own"] + ["verified"] * args.verify \
-        + ["fixed budget"] * args.fixed_budget + [f"{args.history} earlier responses a prompt"] * bool(args.history)
+        + ["fixed budget"] * args.fixed_budget + [f"{args.history} earlier responses a prompt"] * bool(args.history) \
+        + [f"{args.forward_ms:g} ms forwards"] * bool(args.forward_ms) + [f"loads adopted after {args.load_steps} steps"]
     print(f"proposer host cost: {args.rows} rows, {args.tokens}-token responses, {args.steps} steps, budget {BUDGET}, "
           + ", ".join(how))
-    print(f"{'':<10}{'us per row per step':^33}{'worst':>8}{'draft':>7}{'accepted':^18}")
-    print(f"{'proposer':<10}{'p50':>9}{'last quarter':>14}{'mean':>10}{'step ms':>10}{'len':>6}{'all':>8}"
+    print(f"{'':<12}{'us per row per step':^33}{'worst':>8}{'draft':>7}{'accepted':^18}")
+    print(f"{'proposer':<12}{'p50':>9}{'last quarter':>14}{'mean':>10}{'step ms':>10}{'len':>6}{'all':>8}"
           f"{'last quarter':>14}{'/arctic':>9}")
     last = args.steps - args.steps // 4
     figs = {n: (float(np.median(r["us"])), float(np.median(r["us"][last:]))) for n, r in res.items()}
     for name, r in res.items():
         ratio = f"{figs[name][0] / figs['arctic'][0]:.2f}x" if "arctic" in figs else "-"
         worst = max(r["us"]) * args.rows / 1e3
-        print(f"{name:<10}{figs[name][0]:>9.2f}{figs[name][1]:>14.2f}{np.mean(r['us']):>10.2f}{worst:>10.1f}"
+        print(f"{name:<12}{figs[name][0]:>9.2f}{figs[name][1]:>14.2f}{np.mean(r['us']):>10.2f}{worst:>10.1f}"
               f"{per_row(r, 'drafted'):>6.2f}{per_row(r, 'accepted'):>8.2f}{per_row(r, 'accepted', last):>14.2f}"
               f"{ratio:>9}")
 
@@ -295,6 +305,11 @@ def main() -> None:
     ap.add_argument("--history", type=int, default=0,
                     help="each prompt's trees start with this many earlier responses (an earlier epoch)")
     ap.add_argument("--interleave", action="store_true", help="alternate the proposers step by step")
+    ap.add_argument("--forward-ms", type=float, default=0.0,
+                    help="untimed wait after each step, as for a GPU forward (loads off the step build then)")
+    ap.add_argument("--load-steps", type=int, default=Table().load_steps,
+                    help="srt's stored trees are built off the step and adopted this many steps later (0: in it)")
+    ap.add_argument("--in-step", action="store_true", help="also srt loading inside the step (srt-in-step)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 32 rows, 512 tokens, 40 steps")
     args = ap.parse_args()
     if args.quick:

@@ -88,6 +88,13 @@ class SuffixStream:
         tokens, parents, probs, match_len = self._s.draft_tree(budget, min_prob)
         return DraftTree(tokens, parents, probs, match_len)
 
+    def move(self, tree: "SuffixTree") -> None:
+        """Continue in `tree`: the sequence so far goes into it as a new sequence (live, its
+        windows streamed as if it had been streamed there from the start; or finished, if this
+        stream is closed), and later tokens go there; in the old tree it is finished. Its
+        `sequence_id` is then its id in `tree`."""
+        self._s.move(tree._t)
+
     @property
     def sequence_id(self) -> int:
         return self._s.sequence
@@ -111,11 +118,11 @@ class SuffixTree:
 
     @classmethod
     def from_sequences(cls, seqs: Iterable[tuple], max_depth: int = 64) -> "SuffixTree":
-        """A tree holding each (tokens, weight) or (tokens, weight, probs) of `seqs`."""
-        tree = cls(max_depth)
-        for seq in seqs:
-            tree.add(*seq)
-        tree.trim()
+        """A tree holding each (tokens, weight) or (tokens, weight, probs) of `seqs`, trimmed. The
+        build runs without the GIL once the sequences are read, so several threads build at once
+        (how the vLLM proposer loads prompts off its step)."""
+        tree = cls.__new__(cls)
+        tree._t = _stree.build(seqs if isinstance(seqs, (list, tuple)) else list(seqs), max_depth)
         return tree
 
     def add(self, tokens: Iterable[int], weight: float = 1.0, probs: Sequence[float] | None = None) -> int:

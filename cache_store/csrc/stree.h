@@ -23,7 +23,9 @@
  * is min(D, length - off) while dep[v] < 0. When another window needs the end point of such
  * a leaf, the leaf is closed (its depth fixed) and the owner becomes a walker at that end.
  *
- * Every entry point runs with the GIL held.
+ * Every entry point runs with the GIL held, except the part of a bulk load that puts windows in
+ * (`add_many`): st_reserve, st_add_windows and st_trim may run without it, so the tree's memory
+ * is PyMem_Raw* throughout and their errors are set through st_fail, which takes the GIL.
  */
 #ifndef SRT_STREE_H
 #define SRT_STREE_H
@@ -102,6 +104,15 @@ typedef struct {
     int closed;
 } Stream;
 extern PyTypeObject StreamType;
+
+/* Set `exc` (NULL: MemoryError) with `msg` and return -1, with or without the GIL held. */
+static inline int st_fail(PyObject *exc, const char *msg) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    if (exc) PyErr_SetString(exc, msg);
+    else PyErr_NoMemory();
+    PyGILState_Release(g);
+    return -1;
+}
 
 static inline int32_t st_tok(const STree *t, int32_t v, int32_t k) {
     return t->seqs[t->nodes[v].seq].tok[t->nodes[v].off + k];

@@ -114,7 +114,7 @@ PyObject *st_feed_many(PyObject *self, PyObject *args) {
         if (check_row(i, PyList_GET_ITEM(streams, i), PyList_GET_ITEM(drafts, i), &ids, int_at(&slots, i),
                       int_at(&starts, i), int_at(&ends, i)) < 0)
             goto done;
-    row = PyMem_Malloc(sizeof(int32_t) * (size_t)(width ? width : 1));
+    row = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(width ? width : 1));
     fed = PyList_New(R); acc = PyList_New(R);
     if (!row || !fed || !acc) { PyErr_NoMemory(); goto fail; }
     for (Py_ssize_t i = 0; i < R; i++) {
@@ -127,10 +127,10 @@ PyObject *st_feed_many(PyObject *self, PyObject *args) {
         if (!x || !y) { Py_XDECREF(x); Py_XDECREF(y); goto fail; }
         PyList_SET_ITEM(fed, i, x); PyList_SET_ITEM(acc, i, y);
     }
-    PyMem_Free(row);
+    PyMem_RawFree(row);
     goto done;
 fail:
-    PyMem_Free(row);
+    PyMem_RawFree(row);
     Py_CLEAR(fed); Py_CLEAR(acc);
 done:
     for (int b = 0; b < got; b++) PyBuffer_Release(bufs[b]);
@@ -196,8 +196,8 @@ PyObject *st_draft_many(PyObject *self, PyObject *args) {
     Py_ssize_t R = PyList_GET_SIZE(streams), most = 0;
     if (items(&rooms) != R) { PyErr_SetString(PyExc_ValueError, "streams and rooms differ in length"); goto free; }
     for (Py_ssize_t i = 0; i < R; i++) most = int_at(&rooms, i) > most ? (Py_ssize_t)int_at(&rooms, i) : most;
-    toks = PyMem_Malloc(sizeof(int32_t) * 2 * (size_t)(most + 1));
-    probs = PyMem_Malloc(sizeof(double) * 2 * (size_t)(most + 1));
+    toks = PyMem_RawMalloc(sizeof(int32_t) * 2 * (size_t)(most + 1));
+    probs = PyMem_RawMalloc(sizeof(double) * 2 * (size_t)(most + 1));
     out = PyList_New(R);
     if (!toks || !probs || !out) { PyErr_NoMemory(); Py_CLEAR(out); goto free; }
     for (Py_ssize_t i = 0; i < R; i++) {
@@ -209,7 +209,7 @@ PyObject *st_draft_many(PyObject *self, PyObject *args) {
         PyList_SET_ITEM(out, i, d);
     }
 free:
-    PyMem_Free(toks); PyMem_Free(probs);
+    PyMem_RawFree(toks); PyMem_RawFree(probs);
     PyBuffer_Release(&rooms);
     return out;
 }

@@ -116,8 +116,8 @@ Py_ssize_t st_draft_path(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t bud
 /* The greedy draft from locus (v, m) as (tokens, probs, match_len). */
 PyObject *st_draft(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob) {
     Py_ssize_t room = m > 0 ? budget : 0;
-    int32_t *toks = PyMem_Malloc(sizeof(int32_t) * (size_t)(room ? room : 1));
-    double *probs = PyMem_Malloc(sizeof(double) * (size_t)(room ? room : 1));
+    int32_t *toks = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(room ? room : 1));
+    double *probs = PyMem_RawMalloc(sizeof(double) * (size_t)(room ? room : 1));
     PyObject *tl = NULL, *pl = NULL;
     if (!toks || !probs) { PyErr_NoMemory(); goto done; }
     Py_ssize_t n = st_draft_path(t, v, m, room, min_prob, toks, probs);
@@ -128,7 +128,7 @@ PyObject *st_draft(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double 
         PyList_SET_ITEM(tl, i, x); PyList_SET_ITEM(pl, i, y);
     }
 done:
-    PyMem_Free(toks); PyMem_Free(probs);
+    PyMem_RawFree(toks); PyMem_RawFree(probs);
     if (!tl || !pl) { Py_XDECREF(tl); Py_XDECREF(pl); return NULL; }
     return Py_BuildValue("(NNn)", tl, pl, m);
 }

@@ -48,7 +48,7 @@ typedef struct { Cand *h; Py_ssize_t hn, hcap; int32_t *kids; Py_ssize_t kcap; u
 static int grow(void **p, Py_ssize_t *cap, Py_ssize_t need, size_t size) {
     if (need <= *cap) return 0;
     Py_ssize_t c = need * 2 + 16;
-    void *q = PyMem_Realloc(*p, size * (size_t)c);
+    void *q = PyMem_RawRealloc(*p, size * (size_t)c);
     if (!q) { PyErr_NoMemory(); return -1; }
     *p = q; *cap = c;
     return 0;
@@ -94,7 +94,7 @@ static int push_children(const STree *t, int32_t v, int32_t d, double score, int
 typedef struct { int32_t *tok, *par; double *c; float *ph; Py_ssize_t n; } DTree;
 
 static void dtree_free(DTree *d) {
-    PyMem_Free(d->tok); PyMem_Free(d->par); PyMem_Free(d->c); PyMem_Free(d->ph);
+    PyMem_RawFree(d->tok); PyMem_RawFree(d->par); PyMem_RawFree(d->c); PyMem_RawFree(d->ph);
 }
 
 /* The best-first draft tree from locus (v, m), at most `budget` nodes; m = 0: nothing matched. */
@@ -102,10 +102,10 @@ static int dtree_build(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budge
     Queue q = {0};
     int rc = -1;
     d->n = 0;
-    d->tok = PyMem_Malloc(sizeof(int32_t) * (size_t)(budget + 1));
-    d->par = PyMem_Malloc(sizeof(int32_t) * (size_t)(budget + 1));
-    d->c = PyMem_Malloc(sizeof(double) * (size_t)(budget + 1));
-    d->ph = PyMem_Malloc(sizeof(float) * (size_t)(budget + 1));
+    d->tok = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(budget + 1));
+    d->par = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(budget + 1));
+    d->c = PyMem_RawMalloc(sizeof(double) * (size_t)(budget + 1));
+    d->ph = PyMem_RawMalloc(sizeof(float) * (size_t)(budget + 1));
     if (!d->tok || !d->par || !d->c || !d->ph) { PyErr_NoMemory(); goto done; }
     if (m > 0 && budget > 0 && push_children(t, v, (int32_t)m, 1.0, -1, min_prob, budget, &q) < 0) goto done;
     while (q.hn > 0 && d->n < budget) {
@@ -119,7 +119,7 @@ static int dtree_build(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budge
     }
     rc = 0;
 done:
-    PyMem_Free(q.h); PyMem_Free(q.kids);
+    PyMem_RawFree(q.h); PyMem_RawFree(q.kids);
     return rc;
 }
 
@@ -204,9 +204,9 @@ static PyObject *sample_walk(const Stream *s, Py_ssize_t budget, double min_prob
     PyObject *toks = PyList_New(0), *qs = PyList_New(0), *dists = PyList_New(0);
     Py_ssize_t m = st_stream_locus(s, 4 * budget, &v);
     if (!toks || !qs || !dists || dtree_build(s->tree, v, m, 4 * budget, min_prob, &d) < 0) goto fail;
-    kid = PyMem_Malloc(sizeof(int32_t) * (size_t)(d.n + 1));
-    cum = PyMem_Malloc(sizeof(double) * (size_t)(d.n + 1));
-    w = PyMem_Malloc(sizeof(double) * (size_t)(d.n + 1));
+    kid = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(d.n + 1));
+    cum = PyMem_RawMalloc(sizeof(double) * (size_t)(d.n + 1));
+    w = PyMem_RawMalloc(sizeof(double) * (size_t)(d.n + 1));
     if (!kid || !cum || !w) { PyErr_NoMemory(); goto fail; }
     for (Py_ssize_t node = -1, got = 0; got < budget; got++) {
         int by_p;
@@ -226,10 +226,10 @@ static PyObject *sample_walk(const Stream *s, Py_ssize_t budget, double min_prob
         if (bad) goto fail;
         node = c;
     }
-    dtree_free(&d); PyMem_Free(kid); PyMem_Free(cum); PyMem_Free(w);
+    dtree_free(&d); PyMem_RawFree(kid); PyMem_RawFree(cum); PyMem_RawFree(w);
     return Py_BuildValue("(NNN)", toks, qs, dists);
 fail:
-    dtree_free(&d); PyMem_Free(kid); PyMem_Free(cum); PyMem_Free(w);
+    dtree_free(&d); PyMem_RawFree(kid); PyMem_RawFree(cum); PyMem_RawFree(w);
     Py_XDECREF(toks); Py_XDECREF(qs); Py_XDECREF(dists);
     return NULL;
 }
@@ -256,12 +256,12 @@ PyObject *st_sample_draft(PyObject *self, PyObject *args) {
         return NULL;
     }
     if (budget == 0) return Py_BuildValue("([][][])");
-    int32_t *toks = PyMem_Malloc(sizeof(int32_t) * 2 * (size_t)budget);
-    double *probs = PyMem_Malloc(sizeof(double) * 2 * (size_t)budget);
+    int32_t *toks = PyMem_RawMalloc(sizeof(int32_t) * 2 * (size_t)budget);
+    double *probs = PyMem_RawMalloc(sizeof(double) * 2 * (size_t)budget);
     if (!toks || !probs) { PyErr_NoMemory(); goto done; }
     Py_ssize_t j = st_best_stream(streams, budget, min_prob, toks, probs, &n);
     out = sample_walk((const Stream *)PyTuple_GET_ITEM(streams, j), budget, min_prob, stop, random);
 done:
-    PyMem_Free(toks); PyMem_Free(probs);
+    PyMem_RawFree(toks); PyMem_RawFree(probs);
     return out;
 }

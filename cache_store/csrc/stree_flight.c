@@ -28,14 +28,14 @@ int st_flight_room(STree *t, int64_t entries) {
     if (2 * entries <= (int64_t)t->fcap) return 0;
     uint32_t cap = 16;
     while ((int64_t)cap < 2 * entries) cap *= 2;
-    Flight *old = t->fmap, *m = PyMem_Malloc(sizeof(Flight) * cap);
+    Flight *old = t->fmap, *m = PyMem_RawMalloc(sizeof(Flight) * cap);
     if (!m) { PyErr_NoMemory(); return -1; }
     for (uint32_t i = 0; i < cap; i++) m[i].node = -1;
     uint32_t oldcap = t->fcap;
     t->fmap = m; t->fcap = cap;
     for (uint32_t i = 0; i < oldcap; i++)
         if (old[i].node >= 0) *insert_entry(t, old[i].node) = old[i];
-    PyMem_Free(old);
+    PyMem_RawFree(old);
     return 0;
 }
 

@@ -56,7 +56,7 @@ int st_stream_open(STree *t, int32_t s) {
     } else {
         if (t->nblocks == t->blockcap) {
             int32_t cap = t->blockcap < 4 ? 4 : t->blockcap * 2;
-            Win *w = PyMem_Realloc(t->wins, sizeof(Win) * (size_t)cap * D);
+            Win *w = PyMem_RawRealloc(t->wins, sizeof(Win) * (size_t)cap * D);
             if (!w) { PyErr_NoMemory(); return -1; }
             t->wins = w; t->blockcap = cap;
         }

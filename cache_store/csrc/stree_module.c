@@ -35,13 +35,13 @@ static int32_t *read_int32_buffer(PyObject *seq, Py_ssize_t tail, Py_ssize_t *k)
         return NULL;
     }
     Py_ssize_t n = b.len / 4, m = (tail >= 0 && tail < n) ? tail : n;
-    int32_t *buf = PyMem_Malloc(sizeof(int32_t) * (size_t)(m ? m : 1));
+    int32_t *buf = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(m ? m : 1));
     if (!buf) { PyBuffer_Release(&b); PyErr_NoMemory(); return NULL; }
     memcpy(buf, (const int32_t *)b.buf + (n - m), sizeof(int32_t) * (size_t)m);
     PyBuffer_Release(&b);
     for (Py_ssize_t i = 0; i < m; i++)
         if (buf[i] < 0) { /* as int32: an 'I' value >= 2**31 too */
-            PyMem_Free(buf);
+            PyMem_RawFree(buf);
             PyErr_SetString(PyExc_ValueError, "token id out of range [0, 2**31)");
             return NULL;
         }
@@ -56,11 +56,11 @@ static int32_t *read_tokens(PyObject *seq, Py_ssize_t tail, Py_ssize_t *k) {
                                                                 : PySequence_Fast(seq, "tokens must be a sequence of ints");
     if (!fast) return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fast), m = (tail >= 0 && tail < n) ? tail : n;
-    int32_t *buf = PyMem_Malloc(sizeof(int32_t) * (size_t)(m ? m : 1));
+    int32_t *buf = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(m ? m : 1));
     if (!buf) { Py_DECREF(fast); PyErr_NoMemory(); return NULL; }
     PyObject **items = PySequence_Fast_ITEMS(fast);
     for (Py_ssize_t i = 0; i < m; i++)
-        if (to_token(items[n - m + i], &buf[i]) < 0) { PyMem_Free(buf); Py_DECREF(fast); return NULL; }
+        if (to_token(items[n - m + i], &buf[i]) < 0) { PyMem_RawFree(buf); Py_DECREF(fast); return NULL; }
     Py_DECREF(fast);
     *k = m;
     return buf;
@@ -70,7 +70,7 @@ static int32_t *read_tokens(PyObject *seq, Py_ssize_t tail, Py_ssize_t *k) {
  * in [0, 1] or NaN (unknown). A buffer of float32 (array('f'), numpy) is copied as it is. */
 static float *read_probs(PyObject *obj, Py_ssize_t k) {
     if (obj == Py_None) return NULL;
-    float *p = PyMem_Malloc(sizeof(float) * (size_t)(k ? k : 1));
+    float *p = PyMem_RawMalloc(sizeof(float) * (size_t)(k ? k : 1));
     if (!p) { PyErr_NoMemory(); return NULL; }
     Py_buffer b;
     if (PyObject_CheckBuffer(obj) && PyObject_GetBuffer(obj, &b, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) == 0) {
@@ -83,11 +83,11 @@ static float *read_probs(PyObject *obj, Py_ssize_t k) {
     } else {
         PyErr_Clear();
         PyObject *fast = PySequence_Fast(obj, "probs must be a sequence of floats");
-        if (!fast) { PyMem_Free(p); return NULL; }
+        if (!fast) { PyMem_RawFree(p); return NULL; }
         if (PySequence_Fast_GET_SIZE(fast) != k) { Py_DECREF(fast); goto bad; }
         for (Py_ssize_t i = 0; i < k; i++) {
             double x = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(fast, i));
-            if (x == -1.0 && PyErr_Occurred()) { Py_DECREF(fast); PyMem_Free(p); return NULL; }
+            if (x == -1.0 && PyErr_Occurred()) { Py_DECREF(fast); PyMem_RawFree(p); return NULL; }
             p[i] = (float)x;
         }
         Py_DECREF(fast);
@@ -96,7 +96,7 @@ static float *read_probs(PyObject *obj, Py_ssize_t k) {
         if (!isnan(p[i]) && !(p[i] >= 0.0f && p[i] <= 1.0f)) goto bad;
     return p;
 bad:
-    PyMem_Free(p);
+    PyMem_RawFree(p);
     PyErr_SetString(PyExc_ValueError, "probs must hold one float32 in [0, 1] (or NaN) per token");
     return NULL;
 }
@@ -120,26 +120,65 @@ static void STree_dealloc(STree *t) {
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
+/* A finished sequence's tokens (and probabilities) into the sequence table, its windows not yet
+ * in the tree; its id, or -1 with an error set. */
+static int32_t push_sequence(STree *t, PyObject *seq, double weight, PyObject *probs) {
+    if (!isfinite(weight) || weight <= 0) {
+        PyErr_SetString(PyExc_ValueError, "weight must be finite and > 0");
+        return -1;
+    }
+    Py_ssize_t k;
+    int32_t *toks = read_tokens(seq, -1, &k);
+    if (!toks) return -1;
+    float *p = read_probs(probs, k);
+    if (!p && PyErr_Occurred()) { PyMem_RawFree(toks); return -1; }
+    int32_t s = st_seq_new(t, weight);
+    int rc = s < 0 ? -1 : st_seq_push(t, s, toks, k);
+    if (rc == 0 && p) rc = st_seq_set_probs(t, s, 0, p, k);
+    PyMem_RawFree(toks); PyMem_RawFree(p);
+    return rc < 0 ? -1 : s;
+}
+
 static PyObject *STree_add(STree *t, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"tokens", "weight", "probs", NULL};
     PyObject *seq, *probs = Py_None;
     double weight = 1.0;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|dO", kwlist, &seq, &weight, &probs)) return NULL;
-    if (!isfinite(weight) || weight <= 0) {
-        PyErr_SetString(PyExc_ValueError, "weight must be finite and > 0");
-        return NULL;
-    }
-    Py_ssize_t k;
-    int32_t *toks = read_tokens(seq, -1, &k);
-    if (!toks) return NULL;
-    float *p = read_probs(probs, k);
-    if (!p && PyErr_Occurred()) { PyMem_Free(toks); return NULL; }
-    int32_t s = st_seq_new(t, weight);
-    int rc = s < 0 ? -1 : st_seq_push(t, s, toks, k);
-    if (rc == 0 && p) rc = st_seq_set_probs(t, s, 0, p, k);
-    PyMem_Free(toks); PyMem_Free(p);
-    if (rc < 0 || st_add_windows(t, s) < 0) return NULL;
+    int32_t s = push_sequence(t, seq, weight, probs);
+    if (s < 0 || st_add_windows(t, s) < 0) return NULL;
     return PyLong_FromLong(s);
+}
+
+/* build(seqs, max_depth): a new tree holding every (tokens, weight[, probs]) of the sequence
+ * `seqs`, trimmed. The sequences are read with the GIL held; their windows go in without it (no
+ * other code can reach the new tree yet), so loads in several threads build at once. */
+static PyObject *st_build(PyObject *self, PyObject *args) {
+    PyObject *seqs, *fast, *item_args = NULL;
+    int max_depth;
+    if (!PyArg_ParseTuple(args, "Oi", &seqs, &max_depth)) return NULL;
+    STree *t = (STree *)PyObject_CallFunction((PyObject *)&STreeType, "i", max_depth);
+    if (!t) return NULL;
+    if (!(fast = PySequence_Fast(seqs, "build takes a sequence of (tokens, weight[, probs])"))) goto fail;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        PyObject *tokens, *probs = Py_None, *item = PySequence_Fast_GET_ITEM(fast, i);
+        double weight = 1.0;
+        item_args = PySequence_Tuple(item);
+        if (!item_args || !PyArg_ParseTuple(item_args, "O|dO", &tokens, &weight, &probs) ||
+            push_sequence(t, tokens, weight, probs) < 0)
+            goto fail;
+        Py_CLEAR(item_args);
+    }
+    Py_CLEAR(fast);
+    int rc = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int32_t s = 0; s < t->nseq && rc == 0; s++) rc = st_add_windows(t, s);
+    if (rc == 0) rc = st_trim(t);
+    Py_END_ALLOW_THREADS
+    if (rc < 0) goto fail;
+    return (PyObject *)t;
+fail:
+    Py_XDECREF(item_args); Py_XDECREF(fast); Py_DECREF(t);
+    return NULL;
 }
 
 static PyObject *STree_stream(STree *t, PyObject *unused) {
@@ -157,7 +196,7 @@ static PyObject *STree_count(STree *t, PyObject *seq) {
     int32_t *toks = read_tokens(seq, -1, &k);
     if (!toks) return NULL;
     double c = st_count(t, toks, k);
-    PyMem_Free(toks);
+    PyMem_RawFree(toks);
     return PyFloat_FromDouble(c);
 }
 
@@ -179,7 +218,7 @@ static PyObject *run_draft(STree *t, PyObject *args, PyObject *kw, draft_fn fn) 
     int32_t *ctx = read_tokens(ctxo, st_match_cap(t, budget), &k), v = 0;
     if (!ctx) return NULL;
     Py_ssize_t m = st_match(t, ctx, k, st_match_cap(t, budget), &v);
-    PyMem_Free(ctx);
+    PyMem_RawFree(ctx);
     return fn(t, v, m, budget, min_prob);
 }
 
@@ -289,11 +328,41 @@ static PyObject *Stream_extend(Stream *s, PyObject *args) {
     int32_t *toks = read_tokens(seq, -1, &k);
     if (!toks) return NULL;
     float *p = read_probs(probs, k);
-    if (!p && PyErr_Occurred()) { PyMem_Free(toks); return NULL; }
+    if (!p && PyErr_Occurred()) { PyMem_RawFree(toks); return NULL; }
     int rc = st_stream_append(s, toks, k);
     if (rc == 0 && p) rc = st_seq_set_probs(s->tree, s->seq, s->tree->seqs[s->seq].len - k, p, k);
-    PyMem_Free(toks); PyMem_Free(p);
+    PyMem_RawFree(toks); PyMem_RawFree(p);
     if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* move(tree): this stream's sequence so far (tokens and probabilities) goes into `tree` as a new
+ * sequence of its weight, live (its windows streamed token by token, as if it had been streamed
+ * there from the start) or finished as this one is, and the stream continues there; in its old
+ * tree the sequence is finished. How a live group moves onto a tree built off the step. */
+static PyObject *Stream_move(Stream *s, PyObject *arg) {
+    if (!PyObject_TypeCheck(arg, &STreeType)) { PyErr_SetString(PyExc_TypeError, "move takes a SuffixTree"); return NULL; }
+    STree *to = (STree *)arg, *from = s->tree;
+    if (to == from) { PyErr_SetString(PyExc_ValueError, "the stream is already in that tree"); return NULL; }
+    const Seq *q = &from->seqs[s->seq];
+    int32_t n = st_seq_new(to, q->weight);
+    if (n < 0) return NULL;
+    if (s->closed) {
+        if (st_seq_push(to, n, q->tok, q->len) < 0) return NULL;
+    } else {
+        if (st_stream_open(to, n) < 0) return NULL;
+        for (int32_t i = 0; i < q->len; i++)
+            if (st_seq_push(to, n, q->tok + i, 1) < 0 || st_stream_step(to, n) < 0) return NULL;
+    }
+    Seq *d = &to->seqs[n];
+    if (q->p) {
+        if (!(d->p = PyMem_RawMalloc((size_t)(d->cap ? d->cap : 1)))) return PyErr_NoMemory();
+        memcpy(d->p, q->p, (size_t)q->len);
+    }
+    if (s->closed ? st_add_windows(to, n) < 0 : st_stream_close(from, s->seq) < 0) return NULL;
+    Py_INCREF(to);
+    s->tree = to; s->seq = n;
+    Py_DECREF(from);
     Py_RETURN_NONE;
 }
 
@@ -334,6 +403,7 @@ static PyMethodDef Stream_methods[] = {
     {"extend", (PyCFunction)Stream_extend, METH_VARARGS,
      "extend(tokens, probs=None): append (with each token's probability) and insert every window"},
     {"close", (PyCFunction)Stream_close, METH_NOARGS, "close(): the sequence is finished"},
+    {"move", (PyCFunction)Stream_move, METH_O, "move(tree): continue this sequence in another tree"},
     {"draft", (PyCFunction)(void (*)(void))Stream_draft, METH_VARARGS | METH_KEYWORDS,
      "draft(budget=16, min_prob=0.1) -> (tokens, probs, match_len), continuing this sequence"},
     {"draft_tree", (PyCFunction)(void (*)(void))Stream_draft_tree, METH_VARARGS | METH_KEYWORDS,
@@ -357,6 +427,7 @@ PyTypeObject StreamType = {
 };
 
 static PyMethodDef module_methods[] = {
+    {"build", st_build, METH_VARARGS, "build(seqs, max_depth) -> SuffixTree holding them (windows put in without the GIL)"},
     {"feed_many", st_feed_many, METH_VARARGS,
      "feed_many(streams, ids, slots, starts, ends, limits, eos, drafts) -> (fed, accepted)"},
     {"draft_many", st_draft_many, METH_VARARGS, "draft_many(streams, rooms, min_prob) -> drafts"},

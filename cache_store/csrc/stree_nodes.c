@@ -12,12 +12,12 @@ static void hash_put(STree *t, int32_t v) {
 static int rehash(STree *t, int64_t want, int tenths) {
     int bits = 4;
     while (10 * want > tenths * ((int64_t)1 << bits)) bits++;
-    if (bits > 31) { PyErr_NoMemory(); return -1; }
+    if (bits > 31) return st_fail(NULL, NULL);
     uint32_t cap = (uint32_t)1 << bits;
-    int32_t *slots = PyMem_Malloc(sizeof(int32_t) * cap);
-    if (!slots) { PyErr_NoMemory(); return -1; }
+    int32_t *slots = PyMem_RawMalloc(sizeof(int32_t) * cap);
+    if (!slots) return st_fail(NULL, NULL);
     memset(slots, 0xff, sizeof(int32_t) * cap);
-    PyMem_Free(t->hslots);
+    PyMem_RawFree(t->hslots);
     t->hslots = slots; t->hcap = cap; t->hbits = bits;
     for (int32_t v = 1; v < t->n; v++) hash_put(t, v);
     return 0;
@@ -26,13 +26,13 @@ static int rehash(STree *t, int64_t want, int tenths) {
 /* Room for `extra` more nodes (arrays grow by half, the map at load 0.7). */
 int st_reserve(STree *t, int32_t extra) {
     int64_t want = (int64_t)t->n + extra;
-    if (want > INT32_MAX - 1) { PyErr_SetString(PyExc_MemoryError, "suffix tree: too many nodes"); return -1; }
+    if (want > INT32_MAX - 1) return st_fail(PyExc_MemoryError, "suffix tree: too many nodes");
     if (want > t->cap) {
         int64_t cap = t->cap < 64 ? 64 : t->cap + t->cap / 2;
         if (cap < want) cap = want;
         if (cap > INT32_MAX) cap = INT32_MAX;
-        SNode *nodes = PyMem_Realloc(t->nodes, sizeof(SNode) * (size_t)cap);
-        if (!nodes) { PyErr_NoMemory(); return -1; }
+        SNode *nodes = PyMem_RawRealloc(t->nodes, sizeof(SNode) * (size_t)cap);
+        if (!nodes) return st_fail(NULL, NULL);
         t->nodes = nodes; t->cap = (int32_t)cap;
     }
     if (10 * want > 7 * (int64_t)t->hcap) return rehash(t, 2 * want, 7);
@@ -42,15 +42,15 @@ int st_reserve(STree *t, int32_t extra) {
 /* Give back what growth reserved: node and token arrays to their size, the map to the
  * smallest with load <= 0.7 (appends regrow them). */
 int st_trim(STree *t) {
-    SNode *nodes = PyMem_Realloc(t->nodes, sizeof(SNode) * (size_t)t->n);
+    SNode *nodes = PyMem_RawRealloc(t->nodes, sizeof(SNode) * (size_t)t->n);
     if (nodes) { t->nodes = nodes; t->cap = t->n; }
     for (int32_t i = 0; i < t->nseq; i++) {
         Seq *q = &t->seqs[i];
         if (q->stream >= 0 || q->cap == q->len || q->len == 0) continue;
-        int32_t *a = PyMem_Realloc(q->tok, sizeof(int32_t) * (size_t)q->len);
+        int32_t *a = PyMem_RawRealloc(q->tok, sizeof(int32_t) * (size_t)q->len);
         if (!a) continue;
         q->tok = a; q->cap = q->len;
-        uint8_t *f = q->p ? PyMem_Realloc(q->p, (size_t)q->len) : NULL;
+        uint8_t *f = q->p ? PyMem_RawRealloc(q->p, (size_t)q->len) : NULL;
         if (f) q->p = f; /* a shrink that fails keeps the larger block: still room for cap */
     }
     return rehash(t, t->n, 7); /* the load growth allows, so the next append does not regrow it */
@@ -70,9 +70,9 @@ int st_init(STree *t, int32_t max_depth) {
 }
 
 void st_free(STree *t) {
-    for (int32_t s = 0; s < t->nseq; s++) { PyMem_Free(t->seqs[s].tok); PyMem_Free(t->seqs[s].p); }
-    PyMem_Free(t->seqs); PyMem_Free(t->nodes); PyMem_Free(t->hslots); PyMem_Free(t->wins);
-    PyMem_Free(t->fmap);
+    for (int32_t s = 0; s < t->nseq; s++) { PyMem_RawFree(t->seqs[s].tok); PyMem_RawFree(t->seqs[s].p); }
+    PyMem_RawFree(t->seqs); PyMem_RawFree(t->nodes); PyMem_RawFree(t->hslots); PyMem_RawFree(t->wins);
+    PyMem_RawFree(t->fmap);
     t->seqs = NULL; t->nodes = NULL; t->hslots = NULL; t->wins = NULL; t->fmap = NULL;
 }
 
@@ -189,7 +189,7 @@ int32_t st_seq_new(STree *t, double weight) {
     }
     if (t->nseq == t->seqcap) {
         int32_t cap = t->seqcap < 16 ? 16 : t->seqcap * 2;
-        Seq *s = PyMem_Realloc(t->seqs, sizeof(Seq) * (size_t)cap);
+        Seq *s = PyMem_RawRealloc(t->seqs, sizeof(Seq) * (size_t)cap);
         if (!s) { PyErr_NoMemory(); return -1; }
         t->seqs = s; t->seqcap = cap;
     }
@@ -208,11 +208,11 @@ int st_seq_push(STree *t, int32_t s, const int32_t *tok, Py_ssize_t k) {
         if (cap < q->len + k) cap = q->len + k;
         if (cap > INT32_MAX) cap = INT32_MAX;
         if (q->p) {
-            uint8_t *f = PyMem_Realloc(q->p, (size_t)cap);
+            uint8_t *f = PyMem_RawRealloc(q->p, (size_t)cap);
             if (!f) { PyErr_NoMemory(); return -1; }
             q->p = f;
         }
-        int32_t *a = PyMem_Realloc(q->tok, sizeof(int32_t) * (size_t)cap);
+        int32_t *a = PyMem_RawRealloc(q->tok, sizeof(int32_t) * (size_t)cap);
         if (!a) { PyErr_NoMemory(); return -1; }
         q->tok = a; q->cap = (int32_t)cap;
     }
@@ -228,7 +228,7 @@ int st_seq_set_probs(STree *t, int32_t s, Py_ssize_t from, const float *p, Py_ss
     Seq *q = &t->seqs[s];
     if (k == 0) return 0;
     if (!q->p) {
-        q->p = PyMem_Malloc((size_t)(q->cap ? q->cap : 1));
+        q->p = PyMem_RawMalloc((size_t)(q->cap ? q->cap : 1));
         if (!q->p) { PyErr_NoMemory(); return -1; }
         memset(q->p, P_UNKNOWN, (size_t)q->len);
     }

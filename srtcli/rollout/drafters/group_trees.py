@@ -11,14 +11,27 @@ token (an anchor), so it can be drafted from its first token. When a group ends,
 this run streamed into its tree (not the loaded ones) wait in `pending` until they are
 appended to the store with one `append_many` (batched); appends never merge, so concurrent
 writers lose nothing.
+
+Loads off the step (`load_steps` > 0, the vLLM proposer's default): a build costs ~0.5-1 us per
+stored token (~50 ms for 16 stored 8,192-token rollouts) and the proposer runs inside vLLM's step,
+so a prompt's stored sequences are read when it is first needed (a bounded read, ~1 ms) and its
+tree is built in a thread without the GIL (during the model's forwards, beside other prompts'
+builds), the group streaming into an empty tree meanwhile. `adopt`, called once per step, moves
+each group onto its built tree `load_steps` steps after its load began (waiting for the build
+if it is not done): its streams so far re-stream there. The schedule is fixed, so drafts never
+depend on timing; a new group's first `load_steps` steps draft without its stored sequences.
+Small loads are not worth those steps: each step still builds up to `inline_tokens` stored
+tokens itself (a few ms), first come first built.
 """
 
 from __future__ import annotations
 
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache_store.seqload import LOAD_NEWEST, LOAD_TOKENS
+from cache_store.seqload import LOAD_NEWEST, LOAD_TOKENS, newest_stored
 from cache_store.seqload import load_tree as load_stored
 from cache_store.suffix_tree import SuffixTree
 
@@ -30,6 +43,11 @@ SHARED_KEEP = 1 << 18  # tokens of the newest sequences a new run-wide tree star
 # a suffix tree holds at most 524,287 sequences: a prompt's tree loads its newest GROUP_KEEP,
 # and a long-lived vLLM server starts it again from them once it holds GROUP_MAX_SEQUENCES
 GROUP_MAX_SEQUENCES, GROUP_KEEP = 1 << 18, LOAD_NEWEST
+LOAD_STEPS = 4  # a load off the step is adopted this many steps after it began (the vLLM proposer's default)
+LOAD_THREADS = 8  # prompt trees built at once
+LOAD_INLINE_TOKENS = 8192  # stored tokens a step with loads off it still builds itself
+
+log = logging.getLogger("srt")
 
 
 def load_tree(store: Any, uid: str, tokens: int = LOAD_TOKENS) -> tuple[SuffixTree, bool]:
@@ -63,6 +81,9 @@ class Group:
     added: list[int] = field(default_factory=list)  # ids (in `tree`) of the sequences this run streamed
     counted: bool = False  # counted in `loaded`/`hits`
     finished: int = 0  # samples done (the vLLM proposer ends a group after K)
+    loading: Future | None = None  # the stored tree being built off the step, until `adopt`
+    due: int = 0  # the step that adopts it
+    moving: list = field(default_factory=list)  # the streams opened on `tree` meanwhile
 
     def new_sequences(self) -> list:
         """The tokens of the sequences this run added (anchor first), as they are now."""
@@ -78,20 +99,59 @@ class GroupTrees:
     hit counts. `writer=False` drafts and feeds the trees like a writer but never writes (a
     vLLM rank other than 0, so sequences are not stored once per rank)."""
 
+    inline_tokens = LOAD_INLINE_TOKENS
+
     def __init__(self, store: Any = None, shared: bool = True, commit_every: int = 8, writer: bool = True,
-                 load_tokens: int = LOAD_TOKENS):
+                 load_tokens: int = LOAD_TOKENS, load_steps: int = 0):
         self.store, self.commit_every, self.writer, self.load_tokens = store, commit_every, writer, load_tokens
         self.shared = SuffixTree(SHARED_DEPTH) if shared else None
         self.groups: dict[str, Group] = {}
         self.pending: dict[str, list[Group]] = {}  # finished groups not yet appended
         self.loaded = self.hits = 0
+        self.load_steps, self.step, self.inline_used = load_steps, 0, 0
+        self.loader: ThreadPoolExecutor | None = None  # made on the first load off the step
+        self.loading: list[Group] = []  # groups whose stored tree is being built
 
     def group(self, uid: str) -> Group:
-        """The group's tree, loaded from the store the first time the prompt is needed."""
+        """The group's tree, loaded from the store the first time the prompt is needed (with
+        `load_steps`, built off the step: see `adopt`)."""
         g = self.groups.get(uid)
         if g is None:
-            g = self.groups[uid] = Group(*load_tree(self.store, uid, self.load_tokens))
+            g = self.groups[uid] = self._load(uid) if self.load_steps > 0 and self.store is not None else Group(
+                *load_tree(self.store, uid, self.load_tokens))
         return g
+
+    def _load(self, uid: str) -> Group:
+        """A group streaming into an empty tree while its stored sequences build in a thread (or
+        built now, within the step's `inline_tokens`)."""
+        seqs = [(s.tokens, s.weight, s.probs) for s in newest_stored(self.store, uid, tokens=self.load_tokens)]
+        size = sum(len(s[0]) for s in seqs)
+        if size <= self.inline_tokens - self.inline_used:
+            self.inline_used += size
+            return Group(SuffixTree.from_sequences(seqs, DEPTH), size > 0)
+        self.loader = self.loader or ThreadPoolExecutor(LOAD_THREADS, "srt-load")
+        g = Group(SuffixTree(DEPTH), True, loading=self.loader.submit(SuffixTree.from_sequences, seqs, DEPTH),
+                  due=self.step + self.load_steps)
+        self.loading.append(g)
+        return g
+
+    def adopt(self) -> None:
+        """A new step: every group whose load began `load_steps` steps ago moves onto its built tree
+        (waiting for the build if need be): its streams so far, live and finished, continue there.
+        A build that failed is logged and the group keeps drafting from what it streamed."""
+        self.step, self.inline_used = self.step + 1, 0
+        due = [g for g in self.loading if g.due <= self.step]
+        self.loading = [g for g in self.loading if g.due > self.step]
+        for g in due:
+            try:
+                tree = g.loading.result()
+            except Exception as e:  # noqa: BLE001 - logged: the cache must never stop a rollout
+                log.error("srt: cannot build a prompt's tree from the cache: %s", e)
+            else:
+                for stream in g.moving:
+                    stream.move(tree)
+                g.tree, g.added = tree, [stream.sequence_id for stream in g.moving]
+            g.loading, g.moving = None, []
 
     def count(self, g: Group) -> None:
         """Count a group (once) in the loaded groups and cache hits."""
@@ -105,6 +165,8 @@ class GroupTrees:
         token) first."""
         stream = g.tree.stream()
         g.added.append(stream.sequence_id)
+        if g.loading is not None:
+            g.moving.append(stream)
         streams: tuple = (stream,) if self.shared is None else (stream, self.shared.stream())
         for s in streams:
             s.extend([anchor])

@@ -45,7 +45,7 @@ class LiveGroups:
         self.idle_groups = idle_groups
         self.live: dict[str, int] = {}  # uid -> live sequences
         self.idle: OrderedDict[str, None] = OrderedDict()  # uids of groups with none, oldest first
-        self.pending: list[tuple[str, Group, int]] = []  # (uid, group, sequence id in its tree)
+        self.pending: list[tuple[str, Group, Any]] = []  # (uid, group, the sequence's stream in its tree)
         self.since = 0.0  # when the oldest waiting sequence ended
 
     def open(self, uid: str) -> Group:
@@ -64,11 +64,12 @@ class LiveGroups:
         self.live[uid] = self.live.get(uid, 0) + 1
         return g
 
-    def close(self, uid: str, g: Group, sequence_id: int) -> None:
-        """A sequence ended: it waits for the next append; its group may become idle."""
+    def close(self, uid: str, g: Group, stream: Any) -> None:
+        """A sequence ended (`stream`: its stream in the group's tree, whose id changes if the group
+        moves onto its loaded tree): it waits for the next append; its group may become idle."""
         if not self.pending:
             self.since = time.monotonic()
-        self.pending.append((uid, g, sequence_id))
+        self.pending.append((uid, g, stream))
         self.live[uid] -= 1
         if self.live[uid] == 0:
             del self.live[uid]
@@ -91,8 +92,8 @@ class LiveGroups:
     def flush(self) -> bool:
         """Append every waiting sequence in one transaction; True if one ran."""
         batch: dict[str, list] = {}
-        for uid, g, sid in self.pending:
-            batch.setdefault(uid, []).append(g.tree.sequence(sid))
+        for uid, g, stream in self.pending:
+            batch.setdefault(uid, []).append(g.tree.sequence(stream.sequence_id))
         self.pending = []
         store = self.trees.store
         if not batch or store is None or not self.trees.writer:

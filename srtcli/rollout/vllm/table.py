@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cache_store.seqload import LOAD_TOKENS
+from srtcli.rollout.drafters.group_trees import LOAD_STEPS
 
 TABLE_ENV = "SRT_VLLM_TABLE"
 
@@ -30,6 +31,7 @@ class Table:
     adaptive: bool | None = None  # the embedded engine's adaptive draft length; None: on unless CUDA
     shared: bool = True  # also draft from a run-wide tree (--shared-tree)
     load_tokens: int = LOAD_TOKENS  # a prompt's tree is built from its newest stored tokens (--load-tokens)
+    load_steps: int = LOAD_STEPS  # a prompt's tree is built off the step and used this many steps later (0: in it)
     fingerprint: str | None = None  # the tokenizer's (srtcli.tokenizers); None: computed in the worker
 
     def to_json(self) -> str:

@@ -95,7 +95,8 @@ class TreeDrafts:
         self.table, self.budget, self.max_model_len = table, budget, max_model_len
         self.cap = table.max_new_tokens if table.max_new_tokens is not None else max_model_len
         self.eos_ids = np.array(sorted(set(table.eos_ids or ())), dtype=np.int64)
-        self.trees = GroupTrees(store, table.shared, writer=writer, load_tokens=table.load_tokens)
+        self.trees = GroupTrees(store, table.shared, writer=writer, load_tokens=table.load_tokens,
+                                load_steps=table.load_steps)
         self.groups = LiveGroups(self.trees, commit_every, commit_seconds, idle_groups)
         self.rows: dict[int, _Seq] = {}
         self._remember(*np.zeros((3, 0), dtype=np.int64), np.zeros((0, TAIL), dtype=np.int64))
@@ -178,8 +179,7 @@ class TreeDrafts:
             self.away[id(s)] = s
 
     def _expire(self) -> None:
-        # `away` is in the order sequences left (a returning one is re-inserted when it leaves
-        # again): the expired ones come first
+        # `away` is in leaving order (a returning one is re-inserted when it leaves again): expired ones first
         while self.away and self.step - (s := next(iter(self.away.values()))).left > PARK_STEPS:
             del self.away[id(s)]
             self._end(s)
@@ -196,6 +196,7 @@ class TreeDrafts:
         """Feed every row's new tokens to its trees; one list of draft ids per row."""
         with self.lock:
             self.clock.tick()
+            self.trees.adopt()  # the prompt trees built off the step that are due now
             self.step += 1
             self.c.steps += 1
             sampled = np.fromiter(map(len, sampled_token_ids), np.int64, len(sampled_token_ids))
@@ -259,7 +260,7 @@ class TreeDrafts:
     def _end(self, s: _Seq) -> None:
         if not s.ended:
             s.ended = True
-            self.groups.close(s.uid, s.group, s.streams[0].sequence_id)
+            self.groups.close(s.uid, s.group, s.streams[0])
 
     def flush(self) -> None:
         """Append the ended sequences in one transaction (the writer rank only)."""

@@ -38,9 +38,10 @@ def test_the_embedded_drafter_loads_the_newest_rollouts_that_fit(tmp_path):
 
 def test_the_vllm_proposer_loads_what_its_table_allows(tmp_path):
     store = store_with_rollouts(tmp_path)
-    write_table(tmp_path / "t.json", Table(None, 50, [2], adaptive=False, fingerprint="tok-test", load_tokens=9))
+    write_table(tmp_path / "t.json", Table(None, 50, [2], adaptive=False, fingerprint="tok-test", load_tokens=9,
+                                           load_steps=1))
     table = read_table(tmp_path / "t.json")
-    assert table.load_tokens == 9 and Table().load_tokens == LOAD_TOKENS
+    assert table.load_tokens == 9 and Table().load_tokens == LOAD_TOKENS and table.load_steps == 1
     drafts = TreeDrafts(table, 4, 100, store=store)
     row = np.zeros((1, 100), dtype=np.int32)
     row[0, :4] = PROMPT + [4]

@@ -95,14 +95,12 @@ def test_greedy_srt_drafts_equal_plain_vllm_and_a_second_run_accepts_more(llms, 
     assert second["accepted_per_forward"] > first["accepted_per_forward"]
     assert second["target_forwards"] < first["target_forwards"]
     # vLLM's own counters and srt's agree: every drafted token reached vLLM's verifier, and what
-    # srt saw its rows keep is what vLLM's verifier accepted. The last once read 600 against 612
-    # in CI: identical greedy samples trading rows were taken for each other (fixed since, see
-    # docs/vllm.md "Limits"); it is held to 5% here, the drafted count exactly.
+    # srt saw its rows keep is what vLLM's verifier accepted (identical greedy samples trading
+    # rows were once taken for each other, and these drifted apart: docs/vllm.md "Limits")
     for r in (first, second):
         assert r["vllm_num_drafts"] > 0
         assert r["srt_drafted_tokens"] == r["drafted_tokens"]
-        assert r["accepted_draft_tokens"] == sum(r["vllm_accepted_per_pos"])
-        assert abs(r["srt_accepted_tokens"] - r["accepted_draft_tokens"]) <= 0.05 * r["accepted_draft_tokens"]
+        assert r["accepted_draft_tokens"] == sum(r["vllm_accepted_per_pos"]) == r["srt_accepted_tokens"]
 
 
 def _embedded(model_dir, prompts, cache, out) -> dict:

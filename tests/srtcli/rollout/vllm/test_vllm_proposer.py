@@ -141,14 +141,20 @@ def test_second_run_drafts_from_the_cache_and_drafts_respect_limits(tmp_path):
         assert all(len(p) <= 4 for step in props for p in step)
     # drafts are what followed the context in the stored tree, the most frequent path
     with LmdbSequenceStore.open(tmp_path / "c") as store:
-        d = TreeDrafts(_table(tmp_path / "c"), budget=3, max_model_len=64, store=store)
+        d = TreeDrafts(_table(tmp_path / "c", load_steps=0, adaptive=False), budget=3, max_model_len=64, store=store)
         uid, out = next(s for s in seqs if s[0] == UID_C and EOS in s[1][:MAX_NEW])
         ids = np.zeros((1, 64), dtype=np.int64)
         p = PROMPTS[uid]
-        ids[0, : len(p) + 1] = p + out[:1]
+        ids[0, : len(p) + 2] = p + out[:2]
         got = d.propose([[out[0]]], np.array([len(p) + 1]), ids)[0]
         tree = load_tree(store, uid)
-        assert got == tree.draft([p[-1], out[0]], budget=3, min_prob=0.1).tokens
+        assert got == tree.draft([p[-1], out[0]], budget=3, min_prob=0.1).tokens != []
+        # built off the step, the stored tree drafts from the next step on (`load_steps`)
+        lazy = TreeDrafts(_table(tmp_path / "c", adaptive=False, load_steps=1), budget=3, max_model_len=64, store=store)
+        lazy.trees.inline_tokens = 0  # (a load this small is built in the step by default)
+        assert lazy.propose([[out[0]]], np.array([len(p) + 1]), ids)[0] == []  # nothing else knows it
+        assert lazy.propose([[out[1]]], np.array([len(p) + 2]), ids) == d.propose([[out[1]]], np.array([len(p) + 2]), ids)
+        assert lazy.trees.groups[uid].tree.sequences == tree.sequences + 1
         # no room left before max_model_len: no draft
         short = TreeDrafts(_table(None), budget=3, max_model_len=len(p) + 2)
         assert short.propose([[out[0]]], np.array([len(p) + 1]), ids)[0] == []
