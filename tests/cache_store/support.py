@@ -1,4 +1,5 @@
-"""Directories the cache tests refuse: someone else's LMDB, and srt's earlier tree cache."""
+"""Directories the cache tests refuse (someone else's LMDB, and srt's earlier tree cache), and
+the random search that shows a deliberately wrong variant is caught."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import struct
 import time
 from pathlib import Path
 
+import hypothesis
 import lmdb
+from hypothesis import HealthCheck, Phase, settings
 
 
 def dir_digest(d: Path) -> dict[str, bytes]:
@@ -39,3 +42,11 @@ def old_format_cache(path: Path) -> Path:
     env.close()
     (path / "srt.lock").touch()
     return path
+
+
+def first_caught(strategy, caught) -> object:
+    """The first example of `strategy` (up to 3,000, no shrinking: the same random search a main
+    test runs) for which `caught(example)` holds; hypothesis fails the test if there is none."""
+    return hypothesis.find(strategy, caught, settings=settings(
+        max_examples=3000, deadline=None, database=None, phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck)))

@@ -11,13 +11,13 @@ identical sequences. Deliberately wrong variants of the tree must be caught by t
 
 from __future__ import annotations
 
-import hypothesis
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache_store.suffix_tree import SuffixTree
 from cache_store.trie import TokenTree
+from tests.cache_store.support import first_caught
 from tests.cache_store.test_trie_reference import Ref, tree_paths
 
 WEIGHTS = [1.0, 1.0, 0.5, 0.25, 0.75, 2.0, 3.0]
@@ -173,10 +173,7 @@ WRONG = {
 
 @pytest.mark.parametrize("name", WRONG)
 def test_random_programs_catch_wrong_variant(name):
-    found = hypothesis.find(
-        program, lambda prog: run(*prog, **WRONG[name]) is not None,
-        settings=settings(max_examples=3000, deadline=None, database=None, phases=[Phase.generate],
-                          suppress_health_check=list(HealthCheck)))
+    found = first_caught(program, lambda prog: run(*prog, **WRONG[name]) is not None)
     assert run(*found, **WRONG[name]) is not None
     assert run(*found) is None
 

@@ -15,12 +15,12 @@ import threading
 import time
 from array import array
 
-import hypothesis
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache_store.suffix_tree import SuffixTree
+from tests.cache_store.support import first_caught
 from tests.cache_store.test_suffix_tree import Twin, counts_disagree, op, queries, streams_disagree
 
 
@@ -81,10 +81,7 @@ def test_streams_moved_onto_a_rebuilt_tree_count_and_draft_as_if_always_there(pr
 
 
 def test_random_programs_catch_streams_that_were_copied_instead_of_moved():
-    found = hypothesis.find(
-        program, lambda prog: run(*prog, move=copy_without_moving) is not None,
-        settings=settings(max_examples=3000, deadline=None, database=None, phases=[Phase.generate],
-                          suppress_health_check=list(HealthCheck)))
+    found = first_caught(program, lambda prog: run(*prog, move=copy_without_moving) is not None)
     assert run(*found) is None
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import heapq
 import struct
 
-import hypothesis
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache_store.trie import TokenTree
+from tests.cache_store.support import first_caught
 
 
 class Ref:
@@ -248,10 +248,7 @@ WRONG = [RefCOverParent, RefChunkRestart, RefNoMatchCap, RefTieByLargestToken]
 @pytest.mark.parametrize("variant", WRONG, ids=lambda v: v.__name__)
 def test_random_programs_catch_wrong_variant(variant):
     # the same random search as the main test, without shrinking, must hit a disagreement
-    found = hypothesis.find(
-        program, lambda prog: disagreement(*prog, ref_cls=variant) is not None,
-        settings=settings(max_examples=3000, deadline=None, database=None, phases=[Phase.generate],
-                          suppress_health_check=list(HealthCheck)))
+    found = first_caught(program, lambda prog: disagreement(*prog, ref_cls=variant) is not None)
     assert disagreement(*found, ref_cls=variant) is not None
     assert disagreement(*found) is None  # the compiled tree itself agrees with the true reference
 
@@ -324,8 +321,5 @@ class RefNoResync(Ref):
 
 
 def test_stream_program_catches_missing_resync():
-    found = hypothesis.find(
-        stream_program, lambda prog: disagreement(*prog, ref_cls=RefNoResync) is not None,
-        settings=settings(max_examples=3000, deadline=None, database=None, phases=[Phase.generate],
-                          suppress_health_check=list(HealthCheck)))
+    found = first_caught(stream_program, lambda prog: disagreement(*prog, ref_cls=RefNoResync) is not None)
     assert disagreement(*found) is None
