@@ -117,8 +117,8 @@ class GroupTrees:
         `load_steps`, built off the step: see `adopt`)."""
         g = self.groups.get(uid)
         if g is None:
-            g = self.groups[uid] = self._load(uid) if self.load_steps > 0 and self.store is not None else Group(
-                *load_tree(self.store, uid, self.load_tokens))
+            off_step = self.load_steps > 0 and self.store is not None
+            g = self.groups[uid] = self._load(uid) if off_step else Group(*load_tree(self.store, uid, self.load_tokens))
         return g
 
     def _load(self, uid: str) -> Group:
