@@ -37,7 +37,9 @@ def rollout(tmp_path: Path, which: str, n_prompts: int = 4, k: int = 4, *args: s
 
 @pytest.mark.parametrize("which", list(MODELS))
 def test_packed_training_on_a_tool_pool_equals_the_unpacked_step(tmp_path, which):
-    pool = rollout(tmp_path, which)
+    # tools run in the engine's step (--tool-workers 0), so the pool, and with it the float32
+    # rounding the bar below allows for, does not depend on when calls finish on a loaded machine
+    pool = rollout(tmp_path, which, 4, 4, "--tool-workers", "0")
     steps = read_pool(pool)
     assert sum(st.step > 0 for st in steps) >= 4  # multi-turn trajectories: steps extend steps
     shards = pack_pool(pool, tmp_path / "shards", 4096)
