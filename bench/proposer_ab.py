@@ -1,9 +1,10 @@
 """Two versions of the vLLM proposer on the same synthetic steps, alternating step by step in
 one process, so the machine's drift hits both alike (on the 2-core dev machine sequential runs
 of the same code drift 1.3-2x; alternation is what makes a 3% difference measurable). The
-versions: the working tree's row tracking and drafting (`tree_drafts.py`) against the one at a
-git revision (`--rev`), or the working tree's compiled suffix tree against another build of it
-(`--core`: a copy of `cache_store/_stree*.so` saved before rebuilding).
+versions: the working tree's row tracking and drafting (`tree_drafts.py`, `row_tracking.py`)
+against the ones at a git revision (`--rev`), or the working tree's compiled suffix tree
+against another build of it (`--core`: a copy of `cache_store/_stree*.so` saved before
+rebuilding).
 
 Both drive `bench/proposer_bench.py`'s workload (`--verify`: rows keep what their draft got
 right and one more) with the whole draft budget. Printed: each version's microseconds per row
@@ -33,24 +34,37 @@ sys.path.insert(0, str(ROOT))
 from bench import proposer_bench as pb  # noqa: E402
 from srtcli.rollout.vllm import tree_drafts  # noqa: E402
 
-MODULE = "srtcli/rollout/vllm/tree_drafts.py"
+TRACKING, MODULE = "srtcli.rollout.vllm.row_tracking", "srtcli/rollout/vllm/tree_drafts.py"
 
 
-def module_at(rev: str, where: str):
-    """`tree_drafts.py` as it was at `rev`, imported under another name."""
-    path = Path(where) / f"tree_drafts_{rev.replace('/', '_')}.py"
-    path.write_text(subprocess.run(["git", "show", f"{rev}:{MODULE}"], cwd=ROOT, check=True,
-                                   capture_output=True, text=True).stdout)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+def load_at(rev: str, path: str, where: str):
+    """The file `path` as it was at `rev`, imported under another name; None if `rev` has none."""
+    shown = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True)
+    if shown.returncode:
+        return None
+    file = Path(where) / f"{Path(path).stem}_{rev.replace('/', '_')}.py"
+    file.write_text(shown.stdout)
+    spec = importlib.util.spec_from_file_location(file.stem, file)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
 
 
+def module_at(rev: str, where: str):
+    """`tree_drafts.py` as it was at `rev`, on the row tracking of `rev` (where it is a module of
+    its own there), imported under other names."""
+    saved = sys.modules[TRACKING]
+    try:
+        sys.modules[TRACKING] = load_at(rev, TRACKING.replace(".", "/") + ".py", where) or saved
+        return load_at(rev, MODULE, where)
+    finally:
+        sys.modules[TRACKING] = saved
+
+
 # the modules between the compiled core and the proposer, re-imported to bind another core
 ON_CORE = ("cache_store.suffix_tree", "cache_store.seqload", "srtcli.rollout.drafters.group_trees",
-           "srtcli.rollout.vllm.commits", "srtcli.rollout.vllm.tree_drafts")
+           "srtcli.rollout.vllm.commits", TRACKING, "srtcli.rollout.vllm.tree_drafts")
 
 
 def module_on_core(so: str):

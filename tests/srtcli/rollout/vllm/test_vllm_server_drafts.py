@@ -19,7 +19,7 @@ import pytest
 from cache_store.seqstore import LmdbSequenceStore
 from cache_store.uid import prompt_uid
 from srtcli.errors import SrtError
-from srtcli.rollout.vllm import tree_drafts
+from srtcli.rollout.vllm import row_tracking
 from srtcli.rollout.vllm.commits import commit_settings
 from srtcli.rollout.vllm.table import Table
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
@@ -98,7 +98,7 @@ def test_a_request_away_for_longer_than_park_steps_is_ended_and_returns_as_a_new
     d, b = drafts(), Batch()
     generate(b, d, 0, P, [30, 31])
     first = d.rows[0]
-    for _ in range(tree_drafts.PARK_STEPS + 1):  # it left at the first of these steps
+    for _ in range(row_tracking.PARK_STEPS + 1):  # it left at the first of these steps
         b.put(0, Q + [40])
         b.step(d, [[]])  # another request prefilling there
     assert not first.ended  # still PARK_STEPS steps away: it could come back
