@@ -147,7 +147,7 @@ def decode(value: bytes | memoryview) -> tuple[SeqHeader, np.ndarray]:
 def decode_with_probs(value: bytes | memoryview, head: SeqHeader | None = None) -> tuple[SeqHeader, np.ndarray, np.ndarray | None]:
     """(header, int32 tokens, float32 probabilities or None for codec 1) of a record; raises
     CorruptRecord. `head`: what `check(value)` already returned (its checksum is not redone)."""
-    head = head or check(value)
+    head = check(value) if head is None else head
     size = (5 if head.codec == CODEC_ZSTD_PLANES_PROBS else 4) * head.tokens
     try:
         planes = _dctx().decompress(bytes(memoryview(value)[HEADER_BYTES:]), max_output_size=size)

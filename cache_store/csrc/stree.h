@@ -24,7 +24,7 @@
  * a leaf, the leaf is closed (its depth fixed) and the owner becomes a walker at that end.
  *
  * Every entry point runs with the GIL held, except the part of a bulk load that puts windows in
- * (`add_many`): st_reserve, st_add_windows and st_trim may run without it, so the tree's memory
+ * (`build`): st_reserve, st_add_windows and st_trim may run without it, so the tree's memory
  * is PyMem_Raw* throughout and their errors are set through st_fail, which takes the GIL.
  */
 #ifndef SRT_STREE_H

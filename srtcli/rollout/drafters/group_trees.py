@@ -2,7 +2,7 @@
 behind both the embedded `srt` drafter and the vLLM proposer, so both fill the cache alike.
 
 When a group's prompt is first needed its tree is built from the sequence store
-(`cache_store.seqload.load_tree`: the prompt's stored rollouts, weighted by their decay) or
+(`cache_store.seqload.newest_stored`: the prompt's newest stored rollouts, weighted by their decay) or
 started empty, with a flag saying whether the store held sequences for it (a hit). Every token
 a sample of the group appends goes at once into that tree (a `SuffixTree` stream), so later
 and concurrent samples draft from it, and into the run-wide shared tree (all prompts mixed,
@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cache_store.seqload import LOAD_NEWEST, LOAD_TOKENS, newest_stored
-from cache_store.seqload import load_tree as load_stored
 from cache_store.suffix_tree import SuffixTree
 
 DEPTH = 64
@@ -48,14 +47,6 @@ LOAD_THREADS = 8  # prompt trees built at once
 LOAD_INLINE_TOKENS = 8192  # stored tokens a step with loads off it still builds itself
 
 log = logging.getLogger("srt")
-
-
-def load_tree(store: Any, uid: str, tokens: int = LOAD_TOKENS) -> tuple[SuffixTree, bool]:
-    """The prompt's tree from the store (decayed; its newest sequences, at most LOAD_NEWEST of
-    them and `tokens` tokens), or a new empty one; and whether the store held sequences for it
-    (a hit)."""
-    tree = load_stored(store, uid, DEPTH, tokens=tokens) if store is not None else SuffixTree(DEPTH)
-    return tree, tree.mass > 0
 
 
 def newest(tree: SuffixTree, sequences: int, tokens: int) -> SuffixTree:
@@ -113,20 +104,22 @@ class GroupTrees:
         self.loading: list[Group] = []  # groups whose stored tree is being built
 
     def group(self, uid: str) -> Group:
-        """The group's tree, loaded from the store the first time the prompt is needed (with
-        `load_steps`, built off the step: see `adopt`)."""
+        """The group's tree, loaded from the store the first time the prompt is needed (`_load`)."""
         g = self.groups.get(uid)
         if g is None:
-            off_step = self.load_steps > 0 and self.store is not None
-            g = self.groups[uid] = self._load(uid) if off_step else Group(*load_tree(self.store, uid, self.load_tokens))
+            g = self.groups[uid] = self._load(uid)
         return g
 
     def _load(self, uid: str) -> Group:
-        """A group streaming into an empty tree while its stored sequences build in a thread (or
-        built now, within the step's `inline_tokens`)."""
+        """The prompt's group, a hit if the store held sequences for it: its tree built now from
+        its newest stored sequences (at most LOAD_NEWEST of them and `load_tokens` tokens), or,
+        with `load_steps` and past the step's `inline_tokens`, built in a thread while the group
+        streams into an empty tree (`adopt`)."""
+        if self.store is None:
+            return Group(SuffixTree(DEPTH), False)
         seqs = [(s.tokens, s.weight, s.probs) for s in newest_stored(self.store, uid, tokens=self.load_tokens)]
         size = sum(len(s[0]) for s in seqs)
-        if size <= self.inline_tokens - self.inline_used:
+        if self.load_steps == 0 or size <= self.inline_tokens - self.inline_used:
             self.inline_used += size
             return Group(SuffixTree.from_sequences(seqs, DEPTH), size > 0)
         self.loader = self.loader or ThreadPoolExecutor(LOAD_THREADS, "srt-load")
