@@ -11,8 +11,9 @@ from setuptools import Extension, setup
 
 # -ffp-contract=off: no fused multiply-add, so path scores are bit-identical to Python's floats.
 flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
+threads = [] if sys.platform == "win32" else ["-pthread"]  # the suffix tree's batched calls start threads
 sources = [f"cache_store/csrc/{name}.c" for name in ("module", "nodes", "draft", "bytes")]
-stree_sources = [f"cache_store/csrc/stree_{name}.c" for name in ("module", "nodes", "flight", "insert", "draft", "dtree", "batch")]
+stree_sources = [f"cache_store/csrc/stree_{name}.c" for name in ("module", "nodes", "flight", "insert", "draft", "dtree", "batch", "parallel")]
 
 setup(
     ext_modules=[
@@ -28,7 +29,8 @@ setup(
             stree_sources,
             depends=["cache_store/csrc/stree.h"],
             include_dirs=["cache_store/csrc"],
-            extra_compile_args=flags,
+            extra_compile_args=flags + threads,
+            extra_link_args=threads,
         ),
     ]
 )

@@ -28,7 +28,8 @@ drafted, that length reads as short, so compare drafting under `--verify`. `--ow
 tree's inserts cost. A stored tree is built off the step and adopted `--load-steps` steps later
 (the proposer's default); `--in-step` adds `srt-in-step`, which builds it inside the step, and
 `--forward-ms` waits after each step as the host does during a GPU forward (untimed), the time
-in which builds off the step run.
+in which builds off the step run. srt's tree work runs on `--threads` threads (the proposer's
+default: the cores it may use, at most 4); `--one-thread` adds `srt-1-thread`.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from bench.cache_scale import noisy_copy, zipf_tokens  # noqa: E402
 from cache_store.seqstore import LmdbSequenceStore  # noqa: E402
 from cache_store.uid import prompt_uid  # noqa: E402
 from srtcli.rollout.vllm.table import Table  # noqa: E402
-from srtcli.rollout.vllm.tree_drafts import TreeDrafts  # noqa: E402
+from srtcli.rollout.vllm.tree_drafts import TreeDrafts, feed_threads  # noqa: E402
 
 EOS = 32_001  # never generated: rows end at their length, as a length-capped vLLM request does
 PROMPT_LEN, BUDGET, ADMIT = 256, 8, 2
@@ -206,12 +207,12 @@ def propose(prop: TreeDrafts | Arctic, batch: Batch, sampled: list[list[int]]) -
 
 
 def srt_proposer(args: argparse.Namespace, shared: bool, work: Workload, stores: str,
-                 cls: type = TreeDrafts, load_steps: int | None = None) -> TreeDrafts:
+                 cls: type = TreeDrafts, load_steps: int | None = None, threads: int | None = None) -> TreeDrafts:
     """The srt proposer (`cls`: another version of it); with `--history`, on a store (under
     `stores`) that holds each prompt's earlier responses from before its first request, as a
     later epoch's cache does (built off the step, adopted `load_steps` steps later; 0: in it)."""
     table = Table(None, args.tokens, [EOS], adaptive=not args.fixed_budget, shared=shared, fingerprint=FINGERPRINT,
-                  load_steps=args.load_steps if load_steps is None else load_steps)
+                  load_steps=args.load_steps if load_steps is None else load_steps, threads=threads)
     store = None
     if args.history:
         store = LmdbSequenceStore.open(tempfile.mkdtemp(dir=stores))
@@ -224,8 +225,9 @@ def run(args: argparse.Namespace, stores: str) -> dict:
     k = args.rows // args.prompts
     prompts = args.prompts + (args.steps * ADMIT) // k + 2
     kinds: dict = {}
-    for name in ("srt", "srt-own", "srt-in-step", "arctic"):
-        if (name == "srt-own" and not args.own_tree) or (name == "srt-in-step" and not args.in_step):
+    for name in ("srt", "srt-own", "srt-in-step", "srt-1-thread", "arctic"):
+        if (name == "srt-own" and not args.own_tree) or (name == "srt-in-step" and not args.in_step) \
+                or (name == "srt-1-thread" and not args.one_thread):
             continue
         work = Workload(args.seed, k, args.tokens, prompts, args.history)
         if name == "arctic":
@@ -236,7 +238,8 @@ def run(args: argparse.Namespace, stores: str) -> dict:
                 continue
             work.earlier = prop.remember
         else:  # srt-own: without the run-wide tree, to see what its inserts cost; srt-in-step: loads in it
-            prop = srt_proposer(args, name != "srt-own", work, stores, load_steps=0 if name == "srt-in-step" else None)
+            prop = srt_proposer(args, name != "srt-own", work, stores, load_steps=0 if name == "srt-in-step" else None,
+                                threads=1 if name == "srt-1-thread" else args.threads)
         kinds[name] = (prop, Batch(work, args.rows, args.verify))
     res: dict = {name: {"us": [], "drafted": [], "accepted": [], "rows": []} for name in kinds}
     # by default each proposer runs all its steps on its own; `--interleave` alternates them step
@@ -274,7 +277,8 @@ def per_row(r: dict, key: str, first: int = 0) -> float:
 def report(args: argparse.Namespace, res: dict) -> None:
     how = ["interleaved" if args.interleave else "each on its own"] + ["verified"] * args.verify \
         + ["fixed budget"] * args.fixed_budget + [f"{args.history} earlier responses a prompt"] * bool(args.history) \
-        + [f"{args.forward_ms:g} ms forwards"] * bool(args.forward_ms) + [f"loads adopted after {args.load_steps} steps"]
+        + [f"{args.forward_ms:g} ms forwards"] * bool(args.forward_ms) + [f"loads adopted after {args.load_steps} steps"] \
+        + [f"srt on {args.threads or feed_threads()} threads"]
     print(f"proposer host cost: {args.rows} rows, {args.tokens}-token responses, {args.steps} steps, budget {BUDGET}, "
           + ", ".join(how))
     print(f"{'':<12}{'us per row per step':^33}{'worst':>8}{'draft':>7}{'accepted':^18}")
@@ -310,6 +314,9 @@ def main() -> None:
     ap.add_argument("--load-steps", type=int, default=Table().load_steps,
                     help="srt's stored trees are built off the step and adopted this many steps later (0: in it)")
     ap.add_argument("--in-step", action="store_true", help="also srt loading inside the step (srt-in-step)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads of srt's tree work (default: the proposer's, the cores up to 4)")
+    ap.add_argument("--one-thread", action="store_true", help="also srt on one thread (srt-1-thread)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 32 rows, 512 tokens, 40 steps")
     args = ap.parse_args()
     if args.quick:

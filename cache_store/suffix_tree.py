@@ -14,7 +14,8 @@ instead of a multiplication of every node, so persistence can store the sequence
 (cache_store.seqstore) and rebuild the tree when loading.
 
 For an engine step over many rows there are two batched calls, `feed_many` and `draft_many`:
-one C call for all rows instead of a Python loop over them. `sample_draft` samples one row's
+one C call for all rows instead of a Python loop over them, its tree work without the GIL and
+on several threads if asked (the trees end, and the drafts are, the same for any number). `sample_draft` samples one row's
 draft from its tree in one call (the embedded engine's default drafts).
 
 Sequences come in two kinds: finished ones (`add(tokens, weight)`, e.g. loaded from a store,
@@ -205,21 +206,24 @@ class SuffixTree:
 
 
 def feed_many(streams: list[tuple], ids: Any, slots: Any, starts: Any, ends: Any, limits: Any, eos: Any,
-              drafts: list[list[int]]) -> tuple[list[int], list[int]]:
+              drafts: list[list[int]], threads: int = 1) -> tuple[list[int], list[int]]:
     """One step's new tokens for many rows. Row i holds `ids[slots[i], starts[i]:ends[i]]` new
     tokens (ids: a C-contiguous 2-d int32 or int64 array; the others 1-d int arrays); they are
     appended to each stream of `streams[i]` (a tuple of `SuffixStream.core`) up to position
     `limits[i]` and up to and including the first token in `eos`. Returns, per row, how many
-    tokens were appended and how many of the new tokens `drafts[i]` (its last draft) predicted."""
-    return _stree.feed_many(streams, ids, slots, starts, ends, limits, eos, drafts)
+    tokens were appended and how many of the new tokens `drafts[i]` (its last draft) predicted.
+
+    The appends run without the GIL on up to `threads` threads (at most 16), one tree per
+    thread at a time and each tree's rows in order: the trees end the same for any `threads`."""
+    return _stree.feed_many(streams, ids, slots, starts, ends, limits, eos, drafts, threads)
 
 
-def draft_many(streams: list[tuple], rooms: Any, min_prob: float) -> list[list[int]]:
+def draft_many(streams: list[tuple], rooms: Any, min_prob: float, threads: int = 1) -> list[list[int]]:
     """Per row, `best_draft` of at most `rooms[i]` tokens over its streams (a tuple of
     `SuffixStream.core`, its prompt tree's first): each stream's greedy draft continuing its own
     sequence, the one with the largest expected accepted length (the first on ties); [] where
-    the room is <= 0."""
-    return _stree.draft_many(streams, rooms, min_prob)
+    the room is <= 0. The trees are read without the GIL, rows shared out to up to `threads`."""
+    return _stree.draft_many(streams, rooms, min_prob, threads)
 
 
 def sample_draft(streams: tuple, budget: int, min_prob: float,

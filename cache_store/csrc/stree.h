@@ -188,6 +188,12 @@ Py_ssize_t st_match_cap(const STree *t, Py_ssize_t budget);
 Py_ssize_t st_match(const STree *t, const int32_t *ctx, Py_ssize_t k, Py_ssize_t cap, int32_t *node);
 Py_ssize_t st_stream_locus(const Stream *s, Py_ssize_t budget, int32_t *node);
 
+/* stree_parallel.c: appends to many streams, one thread per tree at a time (no GIL needed) */
+#define ST_MAX_THREADS 16
+typedef struct { Stream *stream; const int32_t *toks; int32_t n; Py_ssize_t order; } StAppend;
+int st_append_all(StAppend *jobs, Py_ssize_t n, int threads);
+void st_run_threads(int threads, void *(*worker)(void *), void *arg);
+
 /* stree_batch.c: many streams in one call */
 PyObject *st_feed_many(PyObject *self, PyObject *args);
 PyObject *st_draft_many(PyObject *self, PyObject *args);

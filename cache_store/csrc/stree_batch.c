@@ -85,17 +85,17 @@ static Py_ssize_t predicted(const int32_t *toks, Py_ssize_t k, PyObject *draft) 
     return a;
 }
 
-static int feed_row(PyObject *streams, const int32_t *toks, Py_ssize_t k) {
-    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(streams); j++)
-        if (st_stream_append((Stream *)PyTuple_GET_ITEM(streams, j), toks, k) < 0) return -1;
-    return 0;
-}
-
+/* feed_many(streams, ids, slots, starts, ends, limits, eos, drafts, threads=1). Every row is
+ * checked and its tokens cut (eos, limit) and compared with its draft with the GIL held; then
+ * the appends run without it, on up to `threads` threads, one tree per thread at a time
+ * (st_append_all), so the trees end as a row-by-row loop would leave them. */
 PyObject *st_feed_many(PyObject *self, PyObject *args) {
     PyObject *streams, *ido, *slo, *sto, *eno, *lio, *eoso, *drafts, *fed = NULL, *acc = NULL;
-    int32_t *row = NULL;
-    if (!PyArg_ParseTuple(args, "O!OOOOOOO!", &PyList_Type, &streams, &ido, &slo, &sto, &eno, &lio, &eoso,
-                          &PyList_Type, &drafts))
+    int32_t *toks = NULL;
+    StAppend *jobs = NULL;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOO!|i", &PyList_Type, &streams, &ido, &slo, &sto, &eno, &lio, &eoso,
+                          &PyList_Type, &drafts, &threads))
         return NULL;
     Py_buffer ids, slots, starts, ends, limits, eos;
     int got = 0; /* buffers acquired, released in order at the end */
@@ -104,35 +104,50 @@ PyObject *st_feed_many(PyObject *self, PyObject *args) {
     const char *names[] = {"ids", "slots", "starts", "ends", "limits", "eos"};
     for (; got < 6; got++)
         if (get_ints(objs[got], bufs[got], got ? 1 : 2, names[got]) < 0) goto done;
-    Py_ssize_t R = PyList_GET_SIZE(streams), width = ids.shape[1];
+    Py_ssize_t R = PyList_GET_SIZE(streams), width = ids.shape[1], total = 0, njobs = 0;
     if (items(&slots) != R || items(&starts) != R || items(&ends) != R || items(&limits) != R ||
         PyList_GET_SIZE(drafts) != R) {
         PyErr_SetString(PyExc_ValueError, "streams, slots, starts, ends, limits and drafts differ in length");
         goto done;
     }
-    for (Py_ssize_t i = 0; i < R; i++)
-        if (check_row(i, PyList_GET_ITEM(streams, i), PyList_GET_ITEM(drafts, i), &ids, int_at(&slots, i),
-                      int_at(&starts, i), int_at(&ends, i)) < 0)
-            goto done;
-    row = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(width ? width : 1));
-    fed = PyList_New(R); acc = PyList_New(R);
-    if (!row || !fed || !acc) { PyErr_NoMemory(); goto fail; }
     for (Py_ssize_t i = 0; i < R; i++) {
+        PyObject *row = PyList_GET_ITEM(streams, i);
+        if (check_row(i, row, PyList_GET_ITEM(drafts, i), &ids, int_at(&slots, i), int_at(&starts, i),
+                      int_at(&ends, i)) < 0)
+            goto done;
+        total += (Py_ssize_t)(int_at(&ends, i) - int_at(&starts, i));
+        njobs += PyTuple_GET_SIZE(row);
+    }
+    toks = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(total ? total : 1));
+    jobs = PyMem_RawMalloc(sizeof(StAppend) * (size_t)(njobs ? njobs : 1));
+    fed = PyList_New(R); acc = PyList_New(R);
+    if (!toks || !jobs || !fed || !acc) { PyErr_NoMemory(); goto fail; }
+    njobs = 0;
+    for (Py_ssize_t i = 0, at = 0; i < R; i++) {
         int64_t slot = int_at(&slots, i), a = int_at(&starts, i), lim = int_at(&limits, i);
         Py_ssize_t k = (Py_ssize_t)(int_at(&ends, i) - a), stop = lim < a ? 0 : (lim - a < k ? (Py_ssize_t)(lim - a) : k);
+        int32_t *row = toks + at;
         for (Py_ssize_t j = 0; j < k; j++) row[j] = (int32_t)int_at(&ids, slot * width + a + j);
+        at += k;
         Py_ssize_t cut = cut_at_eos(row, stop, &eos), hit = predicted(row, k, PyList_GET_ITEM(drafts, i));
-        if (feed_row(PyList_GET_ITEM(streams, i), row, cut) < 0) goto fail;
-        PyObject *x = PyLong_FromSsize_t(cut), *y = PyLong_FromSsize_t(hit);
+        PyObject *st = PyList_GET_ITEM(streams, i), *x = PyLong_FromSsize_t(cut), *y = PyLong_FromSsize_t(hit);
         if (!x || !y) { Py_XDECREF(x); Py_XDECREF(y); goto fail; }
         PyList_SET_ITEM(fed, i, x); PyList_SET_ITEM(acc, i, y);
+        for (Py_ssize_t j = 0; cut > 0 && j < PyTuple_GET_SIZE(st); j++)
+            jobs[njobs++] = (StAppend){(Stream *)PyTuple_GET_ITEM(st, j), row, (int32_t)cut, 0};
     }
-    PyMem_RawFree(row);
-    goto done;
+    int rc;
+    PyObject *held = PyList_GetSlice(streams, 0, R); /* holds the rows' streams while the GIL is away */
+    if (!held) goto fail;
+    Py_BEGIN_ALLOW_THREADS
+    rc = st_append_all(jobs, njobs, threads);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(held);
+    if (rc == 0) goto done;
 fail:
-    PyMem_RawFree(row);
     Py_CLEAR(fed); Py_CLEAR(acc);
 done:
+    PyMem_RawFree(toks); PyMem_RawFree(jobs);
     for (int b = 0; b < got; b++) PyBuffer_Release(bufs[b]);
     if (!fed) return NULL;
     return Py_BuildValue("(NN)", fed, acc);
@@ -172,44 +187,77 @@ Py_ssize_t st_best_stream(PyObject *streams, Py_ssize_t room, double min_prob, i
     return best;
 }
 
-/* The winning draft of one row, as a list. */
-static PyObject *draft_row(PyObject *streams, Py_ssize_t room, double min_prob, int32_t *toks, double *probs) {
-    Py_ssize_t n;
-    st_best_stream(streams, room, min_prob, toks, probs, &n);
-    PyObject *out = PyList_New(n);
-    for (Py_ssize_t i = 0; out && i < n; i++) {
-        PyObject *x = PyLong_FromLong(toks[i]);
-        if (!x) { Py_CLEAR(out); break; }
-        PyList_SET_ITEM(out, i, x);
-    }
-    return out;
+/* Rows shared out in chunks to the threads of draft_many: each row's winning draft goes to its
+ * own `most` slots of `toks`, its length to `len`. Only reads the trees. */
+#define DRAFT_CHUNK 16
+typedef struct {
+    PyObject **rows; /* each row's tuple of streams */
+    const Py_buffer *rooms;
+    double min_prob;
+    Py_ssize_t R, most, next; /* next: the first row of the next chunk (atomic) */
+    int32_t *toks;
+    Py_ssize_t *len;
+    int failed; /* atomic */
+} Drafts;
+
+static void *draft_rows(void *arg) {
+    Drafts *d = arg;
+    int32_t *toks = PyMem_RawMalloc(sizeof(int32_t) * 2 * (size_t)(d->most + 1));
+    double *probs = PyMem_RawMalloc(sizeof(double) * 2 * (size_t)(d->most + 1));
+    if (!toks || !probs) __atomic_store_n(&d->failed, 1, __ATOMIC_RELAXED);
+    for (Py_ssize_t lo; toks && probs && (lo = __atomic_fetch_add(&d->next, DRAFT_CHUNK, __ATOMIC_RELAXED)) < d->R;)
+        for (Py_ssize_t i = lo; i < lo + DRAFT_CHUNK && i < d->R; i++) {
+            Py_ssize_t room = (Py_ssize_t)int_at(d->rooms, i), n = 0;
+            if (room > 0) st_best_stream(d->rows[i], room, d->min_prob, toks, probs, &n);
+            memcpy(d->toks + i * d->most, toks, sizeof(int32_t) * (size_t)n);
+            d->len[i] = n;
+        }
+    PyMem_RawFree(toks); PyMem_RawFree(probs);
+    return NULL;
 }
 
+/* draft_many(streams, rooms, min_prob, threads=1): the rows are checked with the GIL held, drafted
+ * without it on up to `threads` threads, and their lists built with it again. */
 PyObject *st_draft_many(PyObject *self, PyObject *args) {
-    PyObject *streams, *roomo, *out = NULL;
-    int32_t *toks = NULL;
-    double min_prob, *probs = NULL;
-    if (!PyArg_ParseTuple(args, "O!Od", &PyList_Type, &streams, &roomo, &min_prob)) return NULL;
+    PyObject *streams, *roomo, *held = NULL, *out = NULL;
+    double min_prob;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "O!Od|i", &PyList_Type, &streams, &roomo, &min_prob, &threads)) return NULL;
     if (isnan(min_prob)) { PyErr_SetString(PyExc_ValueError, "min_prob must not be NaN"); return NULL; }
     Py_buffer rooms;
     if (get_ints(roomo, &rooms, 1, "rooms") < 0) return NULL;
-    Py_ssize_t R = PyList_GET_SIZE(streams), most = 0;
-    if (items(&rooms) != R) { PyErr_SetString(PyExc_ValueError, "streams and rooms differ in length"); goto free; }
-    for (Py_ssize_t i = 0; i < R; i++) most = int_at(&rooms, i) > most ? (Py_ssize_t)int_at(&rooms, i) : most;
-    toks = PyMem_RawMalloc(sizeof(int32_t) * 2 * (size_t)(most + 1));
-    probs = PyMem_RawMalloc(sizeof(double) * 2 * (size_t)(most + 1));
-    out = PyList_New(R);
-    if (!toks || !probs || !out) { PyErr_NoMemory(); Py_CLEAR(out); goto free; }
-    for (Py_ssize_t i = 0; i < R; i++) {
-        PyObject *st = PyList_GET_ITEM(streams, i), *d;
-        Py_ssize_t room = (Py_ssize_t)int_at(&rooms, i);
-        if (!st_is_streams(st)) { PyErr_Format(PyExc_ValueError, "row %zd: needs a tuple of streams", i); Py_CLEAR(out); goto free; }
-        d = room > 0 ? draft_row(st, room, min_prob, toks, probs) : PyList_New(0);
-        if (!d) { Py_CLEAR(out); goto free; }
-        PyList_SET_ITEM(out, i, d);
+    Drafts d = {NULL, &rooms, min_prob, PyList_GET_SIZE(streams), 0, 0, NULL, NULL, 0};
+    if (items(&rooms) != d.R) { PyErr_SetString(PyExc_ValueError, "streams and rooms differ in length"); goto free; }
+    for (Py_ssize_t i = 0; i < d.R; i++) {
+        if (!st_is_streams(PyList_GET_ITEM(streams, i))) {
+            PyErr_Format(PyExc_ValueError, "row %zd: needs a tuple of streams", i);
+            goto free;
+        }
+        d.most = int_at(&rooms, i) > d.most ? (Py_ssize_t)int_at(&rooms, i) : d.most;
+    }
+    held = PyList_GetSlice(streams, 0, d.R); /* holds the rows' streams while the GIL is away */
+    d.toks = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(d.R * d.most + 1));
+    d.len = PyMem_RawMalloc(sizeof(Py_ssize_t) * (size_t)(d.R + 1));
+    if (!held || !d.toks || !d.len) { if (held) PyErr_NoMemory(); goto free; }
+    d.rows = PySequence_Fast_ITEMS(held);
+    Py_BEGIN_ALLOW_THREADS
+    st_run_threads(threads, draft_rows, &d);
+    Py_END_ALLOW_THREADS
+    if (d.failed) { PyErr_NoMemory(); goto free; }
+    out = PyList_New(d.R);
+    for (Py_ssize_t i = 0; out && i < d.R; i++) {
+        PyObject *draft = PyList_New(d.len[i]);
+        for (Py_ssize_t j = 0; draft && j < d.len[i]; j++) {
+            PyObject *x = PyLong_FromLong(d.toks[i * d.most + j]);
+            if (!x) Py_CLEAR(draft);
+            else PyList_SET_ITEM(draft, j, x);
+        }
+        if (!draft) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, draft);
     }
 free:
-    PyMem_RawFree(toks); PyMem_RawFree(probs);
+    Py_XDECREF(held);
+    PyMem_RawFree(d.toks); PyMem_RawFree(d.len);
     PyBuffer_Release(&rooms);
     return out;
 }

@@ -429,8 +429,8 @@ PyTypeObject StreamType = {
 static PyMethodDef module_methods[] = {
     {"build", st_build, METH_VARARGS, "build(seqs, max_depth) -> SuffixTree holding them (windows put in without the GIL)"},
     {"feed_many", st_feed_many, METH_VARARGS,
-     "feed_many(streams, ids, slots, starts, ends, limits, eos, drafts) -> (fed, accepted)"},
-    {"draft_many", st_draft_many, METH_VARARGS, "draft_many(streams, rooms, min_prob) -> drafts"},
+     "feed_many(streams, ids, slots, starts, ends, limits, eos, drafts, threads=1) -> (fed, accepted)"},
+    {"draft_many", st_draft_many, METH_VARARGS, "draft_many(streams, rooms, min_prob, threads=1) -> drafts"},
     {"sample_draft", st_sample_draft, METH_VARARGS,
      "sample_draft(streams, budget, min_prob, random, stop=False) -> (tokens, qs, dists)"},
     {NULL}};

@@ -202,18 +202,18 @@ int32_t st_seq_new(STree *t, double weight) {
 int st_seq_push(STree *t, int32_t s, const int32_t *tok, Py_ssize_t k) {
     Seq *q = &t->seqs[s];
     if (k == 0) return 0;
-    if ((int64_t)q->len + k > INT32_MAX) { PyErr_SetString(PyExc_MemoryError, "sequence too long"); return -1; }
+    if ((int64_t)q->len + k > INT32_MAX) return st_fail(PyExc_MemoryError, "sequence too long");
     if (q->len + k > q->cap) {
         int64_t cap = q->cap < 16 ? 16 : (int64_t)q->cap * 2;
         if (cap < q->len + k) cap = q->len + k;
         if (cap > INT32_MAX) cap = INT32_MAX;
         if (q->p) {
             uint8_t *f = PyMem_RawRealloc(q->p, (size_t)cap);
-            if (!f) { PyErr_NoMemory(); return -1; }
+            if (!f) return st_fail(NULL, NULL);
             q->p = f;
         }
         int32_t *a = PyMem_RawRealloc(q->tok, sizeof(int32_t) * (size_t)cap);
-        if (!a) { PyErr_NoMemory(); return -1; }
+        if (!a) return st_fail(NULL, NULL);
         q->tok = a; q->cap = (int32_t)cap;
     }
     memcpy(q->tok + q->len, tok, sizeof(int32_t) * (size_t)k);

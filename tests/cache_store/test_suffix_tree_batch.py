@@ -1,7 +1,8 @@
 """`feed_many` and `draft_many`, the calls that feed and draft many live streams at once, do
 what feeding and drafting each stream from Python does: the same tokens appended (cut at the
 limit and after the first eos), the same accepted counts, the same draft picked between a
-row's streams; and bad arguments are refused before a row is touched."""
+row's streams, on one thread or several; and bad arguments are refused before a row is
+touched."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def rows_of(pairs):
     return [tuple(s.core for s in pair) for pair in pairs]
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_batched_calls_equal_one_stream_at_a_time(dtype):
+@pytest.mark.parametrize("dtype,threads", [(np.int32, 1), (np.int64, 1), (np.int64, 3)])
+def test_batched_calls_equal_one_stream_at_a_time(dtype, threads):
     rng = random.Random(0)
     for _ in range(60):
         own, shared = SuffixTree(64), SuffixTree(24)
@@ -39,7 +40,7 @@ def test_batched_calls_equal_one_stream_at_a_time(dtype):
             drafts = [[rng.randrange(vocab) for _ in range(rng.randint(0, 3))] for _ in range(rows)]
             limits = seen + np.array([rng.randint(0, 5) for _ in range(rows)])
             fed, accepted = feed_many(rows_of(batched), ids, np.arange(rows), seen, n, limits,
-                                      np.array([EOS]), drafts)
+                                      np.array([EOS]), drafts, threads)
             for i in range(rows):
                 new = ids[i, seen[i]:n[i]].tolist()
                 keep = new[:max(0, min(len(new), limits[i] - seen[i]))]
@@ -53,7 +54,36 @@ def test_batched_calls_equal_one_stream_at_a_time(dtype):
                 assert (fed[i], accepted[i]) == (len(keep), a)
             rooms = np.array([rng.randint(-1, 8) for _ in range(rows)])
             want = [best_draft(one_by_one[i], int(r), 0.1)[1].tokens if r > 0 else [] for i, r in enumerate(rooms)]
-            assert draft_many(rows_of(batched), rooms, 0.1) == want
+            assert draft_many(rows_of(batched), rooms, 0.1, threads) == want
+
+
+def _fingerprint(tree: SuffixTree, paths: list) -> tuple:
+    return (tree.stats(), [tree.count(p) for p in paths], [tree.draft(p, 8).tokens for p in paths])
+
+
+def test_threads_leave_every_tree_as_one_thread_does():
+    """Many group trees and one run-wide tree that every row feeds, fed alike on 1 and on 4
+    threads: each step's results, drafts and, at the end, every tree agree. (Two threads on one
+    tree would race: built that way, this test fails.)"""
+    rng = random.Random(1)
+    vocab, rows, groups = 6, 96, 12
+    setups = []
+    for _ in range(2):
+        trees = [SuffixTree(64) for _ in range(groups)] + [SuffixTree(24)]
+        setups.append((trees, [(trees[i % groups].stream(), trees[-1].stream()) for i in range(rows)]))
+    ids = np.array([[rng.randrange(vocab) for _ in range(600)] for _ in range(rows)], dtype=np.int64)
+    seen = np.zeros(rows, dtype=np.int64)
+    for _ in range(60):
+        n = seen + np.array([rng.randint(0, 8) for _ in range(rows)])
+        rooms = np.array([rng.randint(0, 8) for _ in range(rows)])
+        got = [(feed_many(rows_of(streams), ids, np.arange(rows), seen, n, n, np.array([99]), [[]] * rows, t),
+                draft_many(rows_of(streams), rooms, 0.1, t)) for (_, streams), t in zip(setups, (1, 4))]
+        assert got[0] == got[1]
+        seen = n
+    paths = [ids[i, j:j + rng.randint(1, 6)].tolist() for i, j in ((rng.randrange(rows), rng.randrange(500))
+                                                                     for _ in range(300))]
+    for one, many in zip(*(trees for trees, _ in setups)):
+        assert _fingerprint(one, paths) == _fingerprint(many, paths)
 
 
 def test_a_row_drafts_from_its_first_stream_on_a_tie():
