@@ -24,7 +24,8 @@
 #   4. profiles epoch 3 of none and srt (cProfile): on a GPU the 1.2M-parameter model leaves
 #      host Python as the likely bottleneck, and this says where it goes;
 #   5. prints bench/proposer_bench.py (the vLLM proposer's host cost per row per step, 256 rows,
-#      1,000- and 8,192-token responses, then verified rows drafting the whole budget with an
+#      1,000- and 8,192-token responses, its tree work on its default 4 threads beside one
+#      (`srt-1-thread`) and without the run-wide tree, then verified rows drafting the whole budget with an
 #      earlier epoch in the trees, acceptance beside cost, its loads built off the step beside in
 #      it (`srt-in-step`); CPU work, ~2.5 minutes) on that machine's CPU (16 cores: the builds'
 #      threads get cores of their own there);
@@ -90,7 +91,7 @@ timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --too
 cat "$OUT/profile_${DEV}_b32"-*.txt > "$OUT/profile_${DEV}_b32.txt" 2>/dev/null && rm -f "$OUT/profile_${DEV}_b32"-*.txt
 step "SRT proposer host cost per vLLM step (CPU only; printed beside the CUDA figures, no file)"
 for t in 1000 8192; do
-    timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens $t --steps 600 --own-tree 2>&1 | tail -6
+    timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens $t --steps 600 --own-tree --one-thread 2>&1 | tail -7
 done
 # drafting beside cost as vLLM on CUDA runs it: verified rows, the whole budget, an earlier epoch
 # (16 x 8,192 stored tokens a prompt), 20 ms forwards; loads off the step against in the step
