@@ -214,7 +214,9 @@ def feed_many(streams: list[tuple], ids: Any, slots: Any, starts: Any, ends: Any
     tokens were appended and how many of the new tokens `drafts[i]` (its last draft) predicted.
 
     The appends run without the GIL on up to `threads` threads (at most 16), one tree per
-    thread at a time and each tree's rows in order: the trees end the same for any `threads`."""
+    thread at a time and each tree's rows in order: the trees end the same for any `threads`.
+    Meanwhile no other thread may use these trees or their other streams (close one, or drop
+    the last reference to it): the vLLM proposer makes both calls under its lock."""
     return _stree.feed_many(streams, ids, slots, starts, ends, limits, eos, drafts, threads)
 
 
