@@ -29,7 +29,9 @@ tree's inserts cost. A stored tree is built off the step and adopted `--load-ste
 (the proposer's default); `--in-step` adds `srt-in-step`, which builds it inside the step, and
 `--forward-ms` waits after each step as the host does during a GPU forward (untimed), the time
 in which builds off the step run. srt's tree work runs on `--threads` threads (the proposer's
-default: the cores it may use, at most 4); `--one-thread` adds `srt-1-thread`.
+default: the cores it may use, at most 4); `--one-thread` adds `srt-1-thread`. Past
+`--shared-max-tokens` the run-wide tree is rebuilt from its newest sequences (off the step, or
+in it with `--load-steps 0`): the slowest step shows what that costs.
 """
 
 from __future__ import annotations
@@ -48,9 +50,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.cache_scale import noisy_copy, zipf_tokens  # noqa: E402
 from cache_store.seqstore import LmdbSequenceStore  # noqa: E402
 from cache_store.uid import prompt_uid  # noqa: E402
+from srtcli.rollout.drafters import group_trees  # noqa: E402
 from srtcli.rollout.vllm.table import Table  # noqa: E402
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts, feed_threads  # noqa: E402
 
+SHARED_BOUND = group_trees.SHARED_MAX_TOKENS  # the proposer's own
 EOS = 32_001  # never generated: rows end at their length, as a length-capped vLLM request does
 PROMPT_LEN, BUDGET, ADMIT = 256, 8, 2
 FINGERPRINT = "tok1-bench"
@@ -278,7 +282,8 @@ def report(args: argparse.Namespace, res: dict) -> None:
     how = ["interleaved" if args.interleave else "each on its own"] + ["verified"] * args.verify \
         + ["fixed budget"] * args.fixed_budget + [f"{args.history} earlier responses a prompt"] * bool(args.history) \
         + [f"{args.forward_ms:g} ms forwards"] * bool(args.forward_ms) + [f"loads adopted after {args.load_steps} steps"] \
-        + [f"srt on {args.threads or feed_threads()} threads"]
+        + [f"srt on {args.threads or feed_threads()} threads"] \
+        + [f"run-wide tree rebuilt past {args.shared_max_tokens:,} tokens"] * (args.shared_max_tokens != SHARED_BOUND)
     print(f"proposer host cost: {args.rows} rows, {args.tokens}-token responses, {args.steps} steps, budget {BUDGET}, "
           + ", ".join(how))
     print(f"{'':<12}{'us per row per step':^33}{'worst':>8}{'draft':>7}{'accepted':^18}")
@@ -317,10 +322,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="threads of srt's tree work (default: the proposer's, the cores up to 4)")
     ap.add_argument("--one-thread", action="store_true", help="also srt on one thread (srt-1-thread)")
+    ap.add_argument("--shared-max-tokens", type=int, default=group_trees.SHARED_MAX_TOKENS,
+                    help="the run-wide tree's bound, past which it is rebuilt from its newest sequences "
+                         "(lower it to see a rebuild within a short run)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 32 rows, 512 tokens, 40 steps")
     args = ap.parse_args()
     if args.quick:
         args.rows, args.prompts, args.tokens, args.steps = 32, 4, 512, 40
+    group_trees.SHARED_MAX_TOKENS = args.shared_max_tokens
     with tempfile.TemporaryDirectory() as stores:
         report(args, run(args, stores))
 

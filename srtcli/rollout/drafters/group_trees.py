@@ -21,7 +21,8 @@ each group onto its built tree `load_steps` steps after its load began (waiting 
 if it is not done): its streams so far re-stream there. The schedule is fixed, so drafts never
 depend on timing; a new group's first `load_steps` steps draft without its stored sequences.
 Small loads are not worth those steps: each step still builds up to `inline_tokens` stored
-tokens itself (a few ms), first come first built.
+tokens itself (a few ms), first come first built. The run-wide tree's rebuild on long runs
+(`bound_shared`) goes off the step the same way.
 """
 
 from __future__ import annotations
@@ -45,14 +46,17 @@ GROUP_MAX_SEQUENCES, GROUP_KEEP = 1 << 18, LOAD_NEWEST
 LOAD_STEPS = 4  # a load off the step is adopted this many steps after it began (the vLLM proposer's default)
 LOAD_THREADS = 8  # prompt trees built at once
 LOAD_INLINE_TOKENS = 8192  # stored tokens a step with loads off it still builds itself
+# the run-wide tree's rebuild off the step (0.1-0.35 s of build) is adopted this many steps
+# later: ~1-1.5 s of 15-25 ms steps, so the step that adopts it need not wait (the old tree
+# drafts meanwhile)
+SHARED_REBUILD_STEPS = 64
 
 log = logging.getLogger("srt")
 
 
-def newest(tree: SuffixTree, sequences: int, tokens: int) -> SuffixTree:
-    """A new tree (same depth, weights 1) holding `tree`'s newest sequences, at most `sequences`
-    of them and `tokens` tokens in all (live ones as they are now). Live streams keep feeding
-    and drafting from the old tree until they end; then it is freed."""
+def newest_sequences(tree: SuffixTree, sequences: int, tokens: int) -> list[tuple]:
+    """`tree`'s newest sequences, oldest first, as (tokens, weight 1, probs): at most `sequences`
+    of them and `tokens` tokens in all (live ones as they are now)."""
     keep, left, n = [], tokens, tree.sequences
     for i in range(n - 1, max(n - 1 - sequences, -1), -1):
         toks = tree.sequence(i)
@@ -60,7 +64,13 @@ def newest(tree: SuffixTree, sequences: int, tokens: int) -> SuffixTree:
             break
         keep.append((toks, 1.0, tree.sequence_probs(i)))
         left -= len(toks)
-    return SuffixTree.from_sequences(reversed(keep), tree.max_depth)
+    return keep[::-1]
+
+
+def newest(tree: SuffixTree, sequences: int, tokens: int) -> SuffixTree:
+    """A new tree of the same depth holding `newest_sequences`. Live streams keep feeding and
+    drafting from the old tree until they end; then it is freed."""
+    return SuffixTree.from_sequences(newest_sequences(tree, sequences, tokens), tree.max_depth)
 
 
 @dataclass
@@ -102,6 +112,7 @@ class GroupTrees:
         self.load_steps, self.step, self.inline_used = load_steps, 0, 0
         self.loader: ThreadPoolExecutor | None = None  # made on the first load off the step
         self.loading: list[Group] = []  # groups whose stored tree is being built
+        self.shared_next: tuple[Future, int] | None = None  # the run-wide tree being rebuilt, its due step
 
     def group(self, uid: str) -> Group:
         """The group's tree, loaded from the store the first time the prompt is needed (`_load`)."""
@@ -122,17 +133,27 @@ class GroupTrees:
         if self.load_steps == 0 or size <= self.inline_tokens - self.inline_used:
             self.inline_used += size
             return Group(SuffixTree.from_sequences(seqs, DEPTH), size > 0)
-        self.loader = self.loader or ThreadPoolExecutor(LOAD_THREADS, "srt-load")
-        g = Group(SuffixTree(DEPTH), True, loading=self.loader.submit(SuffixTree.from_sequences, seqs, DEPTH),
-                  due=self.step + self.load_steps)
+        g = Group(SuffixTree(DEPTH), True, loading=self._build(seqs, DEPTH), due=self.step + self.load_steps)
         self.loading.append(g)
         return g
+
+    def _build(self, seqs: list, depth: int) -> Future:
+        """A tree of `seqs` built in a loader thread (`SuffixTree.from_sequences` releases the GIL)."""
+        self.loader = self.loader or ThreadPoolExecutor(LOAD_THREADS, "srt-load")
+        return self.loader.submit(SuffixTree.from_sequences, seqs, depth)
 
     def adopt(self) -> None:
         """A new step: every group whose load began `load_steps` steps ago moves onto its built tree
         (waiting for the build if need be): its streams so far, live and finished, continue there.
-        A build that failed is logged and the group keeps drafting from what it streamed."""
+        A build that failed is logged and the group keeps drafting from what it streamed. The
+        run-wide tree's rebuild (`bound_shared`) is adopted alike: new streams go to it."""
         self.step, self.inline_used = self.step + 1, 0
+        if self.shared_next is not None and self.shared_next[1] <= self.step:
+            built, self.shared_next = self.shared_next[0], None
+            try:
+                self.shared = built.result()
+            except Exception as e:  # noqa: BLE001 - logged: the run-wide tree is only a draft source
+                log.error("srt: cannot rebuild the run-wide tree: %s", e)
         due = [g for g in self.loading if g.due <= self.step]
         self.loading = [g for g in self.loading if g.due > self.step]
         for g in due:
@@ -167,11 +188,19 @@ class GroupTrees:
 
     def bound_shared(self) -> None:
         """Keep the run-wide tree's memory bounded on long runs: past SHARED_MAX_TOKENS tokens or
-        SHARED_MAX_SEQUENCES sequences it starts again from its newest (`newest`)."""
+        SHARED_MAX_SEQUENCES sequences it starts again from its newest (`newest_sequences`),
+        once per SHARED_MAX_TOKENS tokens (or sequences) generated. That build (0.1-0.35 s at
+        SHARED_KEEP tokens) is made in the step when `load_steps` is 0, else off it like a load:
+        `adopt` swaps it in SHARED_REBUILD_STEPS steps later."""
         shared = self.shared
-        if shared is not None and (shared.tokens > SHARED_MAX_TOKENS or shared.sequences > SHARED_MAX_SEQUENCES):
-            # costs O(SHARED_KEEP) once per SHARED_MAX_TOKENS tokens (or sequences) generated
-            self.shared = newest(self.shared, SHARED_MAX_SEQUENCES // 4, SHARED_KEEP)
+        if shared is None or self.shared_next is not None or \
+                (shared.tokens <= SHARED_MAX_TOKENS and shared.sequences <= SHARED_MAX_SEQUENCES):
+            return
+        seqs = newest_sequences(shared, SHARED_MAX_SEQUENCES // 4, SHARED_KEEP)
+        if self.load_steps == 0:
+            self.shared = SuffixTree.from_sequences(seqs, shared.max_depth)
+        else:
+            self.shared_next = (self._build(seqs, shared.max_depth), self.step + SHARED_REBUILD_STEPS)
 
     def retire(self, uid: str) -> None:
         """The group is done: its new sequences (if any) wait for the next append."""
