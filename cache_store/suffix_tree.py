@@ -15,8 +15,9 @@ instead of a multiplication of every node, so persistence can store the sequence
 
 For an engine step over many rows there are two batched calls, `feed_many` and `draft_many`:
 one C call for all rows instead of a Python loop over them, its tree work without the GIL and
-on several threads if asked (the trees end, and the drafts are, the same for any number). `sample_draft` samples one row's
-draft from its tree in one call (the embedded engine's default drafts).
+on several threads if asked (trees and drafts come out the same for any number of them).
+`sample_draft` samples one row's draft from its tree in one call (the embedded engine's default
+drafts).
 
 Sequences come in two kinds: finished ones (`add(tokens, weight)`, e.g. loaded from a store,
 weight = their decay) and live ones (`stream()`, weight 1, extended token by token or in

@@ -33,7 +33,7 @@ class Table:
     load_tokens: int = LOAD_TOKENS  # a prompt's tree is built from its newest stored tokens (--load-tokens)
     load_steps: int = LOAD_STEPS  # a prompt's tree is built off the step and used this many steps later (0: in it)
     fingerprint: str | None = None  # the tokenizer's (srtcli.tokenizers); None: computed in the worker
-    threads: int | None = None  # threads a step's tree appends run on; None: the worker's cores, at most 4
+    threads: int | None = None  # threads of a step's tree appends and drafts; None: the worker's cores, at most 4
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)
