@@ -41,8 +41,9 @@ SHARED_MAX_TOKENS = 1 << 21  # then the run-wide tree starts again from its newe
 SHARED_MAX_SEQUENCES = 1 << 18  # or then: short outputs would fill its sequence table first
 SHARED_KEEP = 1 << 18  # tokens of the newest sequences a new run-wide tree starts with
 # a suffix tree holds at most 524,287 sequences: a prompt's tree loads its newest GROUP_KEEP,
-# and a long-lived vLLM server starts it again from them once it holds GROUP_MAX_SEQUENCES
-GROUP_MAX_SEQUENCES, GROUP_KEEP = 1 << 18, LOAD_NEWEST
+# and a long-lived vLLM server starts it again from them once it holds GROUP_MAX_SEQUENCES, or
+# GROUP_MAX_TOKENS tokens (~250 MB; long outputs of a prompt that is never idle)
+GROUP_MAX_SEQUENCES, GROUP_KEEP, GROUP_MAX_TOKENS = 1 << 18, LOAD_NEWEST, 1 << 21
 LOAD_STEPS = 4  # a load off the step is adopted this many steps after it began (the vLLM proposer's default)
 LOAD_THREADS = 8  # prompt trees built at once
 LOAD_INLINE_TOKENS = 8192  # stored tokens a step with loads off it still builds itself
@@ -56,7 +57,8 @@ log = logging.getLogger("srt")
 
 def newest_sequences(tree: SuffixTree, sequences: int, tokens: int) -> list[tuple]:
     """`tree`'s newest sequences, oldest first, as (tokens, weight 1, probs): at most `sequences`
-    of them and `tokens` tokens in all (live ones as they are now)."""
+    of them and `tokens` tokens in all (live ones as they are now), what a tree that starts
+    again holds. Live streams keep feeding and drafting from the old tree until they end."""
     keep, left, n = [], tokens, tree.sequences
     for i in range(n - 1, max(n - 1 - sequences, -1), -1):
         toks = tree.sequence(i)
@@ -66,11 +68,6 @@ def newest_sequences(tree: SuffixTree, sequences: int, tokens: int) -> list[tupl
         left -= len(toks)
     return keep[::-1]
 
-
-def newest(tree: SuffixTree, sequences: int, tokens: int) -> SuffixTree:
-    """A new tree of the same depth holding `newest_sequences`. Live streams keep feeding and
-    drafting from the old tree until they end; then it is freed."""
-    return SuffixTree.from_sequences(newest_sequences(tree, sequences, tokens), tree.max_depth)
 
 
 @dataclass
@@ -129,13 +126,26 @@ class GroupTrees:
         if self.store is None:
             return Group(SuffixTree(DEPTH), False)
         seqs = [(s.tokens, s.weight, s.probs) for s in newest_stored(self.store, uid, tokens=self.load_tokens)]
+        return self._group(seqs, bool(seqs))
+
+    def _group(self, seqs: list, hit: bool) -> Group:
+        """A group whose tree holds `seqs`: built in the step when `load_steps` is 0 or it fits
+        the step's inline budget, else off it (`adopt`)."""
         size = sum(len(s[0]) for s in seqs)
         if self.load_steps == 0 or size <= self.inline_tokens - self.inline_used:
             self.inline_used += size
-            return Group(SuffixTree.from_sequences(seqs, DEPTH), size > 0)
-        g = Group(SuffixTree(DEPTH), True, loading=self._build(seqs, DEPTH), due=self.step + self.load_steps)
+            return Group(SuffixTree.from_sequences(seqs, DEPTH), hit)
+        g = Group(SuffixTree(DEPTH), hit, loading=self._build(seqs, DEPTH), due=self.step + self.load_steps)
         self.loading.append(g)
         return g
+
+    def restart(self, uid: str, g: Group) -> Group:
+        """The prompt's group started again from `g`'s newest sequences (at most GROUP_KEEP of them
+        and `load_tokens` tokens, as a load keeps), built as a load is; `g`'s live and waiting
+        sequences stay with it and commit from it."""
+        new = self.groups[uid] = self._group(newest_sequences(g.tree, GROUP_KEEP, self.load_tokens), g.hit)
+        new.counted = g.counted
+        return new
 
     def _build(self, seqs: list, depth: int) -> Future:
         """A tree of `seqs` built in a loader thread (`SuffixTree.from_sequences` releases the GIL)."""

@@ -25,7 +25,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from cache_store.suffix_tree import SuffixTree
-from srtcli.rollout.drafters.group_trees import DEPTH, GROUP_KEEP, GROUP_MAX_SEQUENCES, Group, GroupTrees, newest
+from srtcli.rollout.drafters.group_trees import DEPTH, GROUP_MAX_SEQUENCES, GROUP_MAX_TOKENS, Group, GroupTrees
 
 COMMIT_EVERY = 64  # sequences per append
 COMMIT_SECONDS = 2.0  # the longest an ended sequence waits (also: idle time before all is committed)
@@ -56,9 +56,8 @@ class LiveGroups:
         except Exception as e:  # noqa: BLE001 - logged: the cache must never stop vLLM
             log.error("srt: cannot load prompt %s from the cache %s: %s", uid, getattr(self.trees.store, "path", "?"), e)
             g = self.trees.groups[uid] = Group(SuffixTree(DEPTH), False)
-        if g.tree.sequences >= GROUP_MAX_SEQUENCES:  # a server that sees one prompt very often
-            # its live and waiting sequences keep the old group (and commit from it)
-            g = self.trees.groups[uid] = Group(newest(g.tree, GROUP_KEEP, 1 << 62), g.hit, counted=g.counted)
+        if g.tree.sequences >= GROUP_MAX_SEQUENCES or g.tree.tokens > GROUP_MAX_TOKENS:
+            g = self.trees.restart(uid, g)  # a server that sees one prompt very often
         self.trees.count(g)
         self.idle.pop(uid, None)
         self.live[uid] = self.live.get(uid, 0) + 1

@@ -173,18 +173,26 @@ def test_a_rows_prompt_is_what_it_held_before_its_first_sampled_tokens(tmp_path)
     assert DEPTH == 64
 
 
-def test_a_prompt_seen_more_often_than_its_tree_can_hold_starts_again_from_its_newest(tmp_path, monkeypatch):
-    """A suffix tree holds at most 524,287 sequences: a server that sees one prompt more often
-    than that keeps going, its prompt's tree renewed from the newest sequences, and every
-    sequence still reaches the store (the ones in flight commit from the old tree)."""
+@pytest.mark.parametrize("bound", ["sequences", "tokens", "tokens, built off the step"])
+def test_a_prompt_seen_more_often_than_its_tree_can_hold_starts_again_from_its_newest(tmp_path, monkeypatch, bound):
+    """A suffix tree holds at most 524,287 sequences, and a prompt that is never idle would grow
+    its tree without end: a server that sees one prompt that often keeps going, its prompt's tree
+    renewed from the newest sequences (as many as a load keeps), and every sequence still reaches
+    the store (the ones in flight commit from the old tree)."""
+    import srtcli.rollout.drafters.group_trees as group_trees
     import srtcli.rollout.vllm.commits as commits
 
-    monkeypatch.setattr(commits, "GROUP_MAX_SEQUENCES", 6)
-    monkeypatch.setattr(commits, "GROUP_KEEP", 3)
+    if bound == "sequences":
+        monkeypatch.setattr(commits, "GROUP_MAX_SEQUENCES", 6)
+        monkeypatch.setattr(group_trees, "GROUP_KEEP", 3)
+    else:
+        monkeypatch.setattr(commits, "GROUP_MAX_TOKENS", 12)  # 4 sequences of 3 tokens (anchor first)
     p = PROMPTS[UID_A]
     with LmdbSequenceStore.open(tmp_path / "c") as store:
-        d = TreeDrafts(_table(tmp_path / "c"), budget=4, max_model_len=64, store=store, commit_every=1000)
-        groups = set()
+        d = TreeDrafts(_table(tmp_path / "c", load_tokens=7), budget=4, max_model_len=64, store=store,
+                       commit_every=1000)
+        d.trees.inline_tokens = 0 if "off" in bound else d.trees.inline_tokens
+        groups, streamed, off = set(), [], 0
         for k in range(20):  # one sample at a time, two rows each: the same prompt every time
             ids = np.zeros((2, 64), dtype=np.int64)
             out = [[30 + k, EOS], [40 + k, EOS]]
@@ -192,10 +200,17 @@ def test_a_prompt_seen_more_often_than_its_tree_can_hold_starts_again_from_its_n
                 ids[r, : len(p) + 2] = p + out[r]
             d.propose([[], []], np.array([len(p)] * 2), ids)  # prefill
             d.propose([o for o in out], np.array([len(p) + 2] * 2), ids)  # both end at eos
-            groups.add(id(d.trees.groups[UID_A]))
-            assert d.trees.groups[UID_A].tree.stats().sequences <= 6
+            streamed += [[p[-1]] + o for o in out]  # anchor first
+            g = d.trees.groups[UID_A]
+            if id(g) not in groups and groups:  # renewed from the newest 3 sequences, or 7 tokens' worth
+                held = [list(g.tree.sequence(i)) for i in range(g.tree.sequences)]  # and this step's rows
+                assert len(held) <= (3 if bound == "sequences" else 7 // 3 + 1) + 2
+                assert all(any(t[:len(h)] == h for t in streamed[-6:]) for h in held)  # the newest (a live one so far)
+                off += g.loading is not None
+            groups.add(id(g))
+            assert g.tree.stats().sequences <= 6 and g.tree.stats().tokens <= 12 + 6
         d.finish()
-        assert len(groups) > 1
+        assert len(groups) > 1 and (off > 0) == ("off" in bound)
         assert len(store.read(UID_A)) == 40  # none lost
 
 
