@@ -322,7 +322,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="threads of srt's tree work (default: the proposer's, the cores up to 4)")
     ap.add_argument("--one-thread", action="store_true", help="also srt on one thread (srt-1-thread)")
-    ap.add_argument("--shared-max-tokens", type=int, default=group_trees.SHARED_MAX_TOKENS,
+    ap.add_argument("--shared-max-tokens", type=int, default=SHARED_BOUND,
                     help="the run-wide tree's bound, past which it is rebuilt from its newest sequences "
                          "(lower it to see a rebuild within a short run)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 32 rows, 512 tokens, 40 steps")

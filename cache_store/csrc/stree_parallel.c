@@ -55,6 +55,11 @@ static void *worker(void *arg) {
 /* Run the appends `jobs` (reordered in place) on up to `threads` threads: 0, or -1 with an
  * error set (then some appends may be done and others not). */
 int st_append_all(StAppend *jobs, Py_ssize_t n, int threads) {
+    if (threads <= 1) { /* in the given order: no grouping needed */
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (st_stream_append(jobs[i].stream, jobs[i].toks, jobs[i].n) < 0) return -1;
+        return 0;
+    }
     for (Py_ssize_t i = 0; i < n; i++) jobs[i].order = i;
     qsort(jobs, (size_t)n, sizeof(StAppend), by_tree);
     Run *runs = PyMem_RawMalloc(sizeof(Run) * (size_t)(n ? n : 1));
