@@ -35,6 +35,7 @@ from bench import proposer_bench as pb  # noqa: E402
 from srtcli.rollout.vllm import tree_drafts  # noqa: E402
 
 TRACKING, MODULE = "srtcli.rollout.vllm.row_tracking", "srtcli/rollout/vllm/tree_drafts.py"
+AT_REV = (TRACKING, "srtcli.rollout.vllm.counters")  # what tree_drafts.py is loaded on at `--rev`
 
 
 def load_at(rev: str, path: str, where: str):
@@ -52,14 +53,15 @@ def load_at(rev: str, path: str, where: str):
 
 
 def module_at(rev: str, where: str):
-    """`tree_drafts.py` as it was at `rev`, on the row tracking of `rev` (where it is a module of
-    its own there), imported under other names."""
-    saved = sys.modules[TRACKING]
+    """`tree_drafts.py` as it was at `rev`, on the row tracking and counters of `rev` (where they
+    are modules of their own there), imported under other names."""
+    saved = {name: sys.modules[name] for name in AT_REV}
     try:
-        sys.modules[TRACKING] = load_at(rev, TRACKING.replace(".", "/") + ".py", where) or saved
+        for name in AT_REV:
+            sys.modules[name] = load_at(rev, name.replace(".", "/") + ".py", where) or saved[name]
         return load_at(rev, MODULE, where)
     finally:
-        sys.modules[TRACKING] = saved
+        sys.modules.update(saved)
 
 
 # the modules between the compiled core and the proposer, re-imported to bind another core

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from srtcli.rollout.summary import Counts
 
 
@@ -26,11 +28,11 @@ class Counters:
     resumed_rows: int = 0  # sequences that left the batch and came back as themselves
     commits: int = 0
 
-    def drafted(self, rows: int, drafts: list[list[int]]) -> None:
-        """A step drafted for `rows` rows; `drafts` holds every row's draft ([] for the others)."""
+    def drafted(self, rows: int, lengths: np.ndarray) -> None:
+        """A step drafted for `rows` rows; `lengths` holds every row's draft length (0 for the others)."""
         self.rows += rows
-        self.drafted_rows += sum(1 for d in drafts if d)
-        self.drafted_tokens += sum(map(len, drafts))
+        self.drafted_rows += int(np.count_nonzero(lengths))
+        self.drafted_tokens += int(lengths.sum())
 
 
 def spec_metrics(llm: Any) -> dict[str, float]:

@@ -14,6 +14,9 @@ committed (batched).
 
 A step's per-row work is two compiled calls over all rows (`suffix_tree.feed_many`, then
 `draft_many`), the bookkeeping between them (the adaptive draft length, rooms, ends) on arrays.
+Those arrays are the rows' state from step to step (`last`, carried over by `_track`'s index),
+so a row that kept its sequence is read and written there only; rows that moved, came back or
+are new take their state from their `TrackedSeq`, and a row that loses its sequence puts it back.
 Every row's new tokens are in the trees before any row drafts, so it drafts from this step's too.
 Both run on `Table.threads` threads (appends one tree per thread at a time, so the trees and
 drafts are the same for any number) once a step has `THREAD_TOKENS` new tokens or
@@ -52,17 +55,25 @@ def feed_threads() -> int:
 
 @dataclass
 class _Rows:
-    """One step's tracked rows as arrays (in the order of `TreeDrafts.rows`)."""
+    """One step's tracked rows as arrays, in the order of `TreeDrafts.rows` (kept for the next
+    step as `TreeDrafts.last`)."""
 
     slots: np.ndarray
-    n: np.ndarray  # each row's length now
-    seen: np.ndarray
+    seen: np.ndarray  # each row's length last step
     plen: np.ndarray
-    spec: np.ndarray  # adaptive draft length
-    done: np.ndarray
+    spec: np.ndarray  # adaptive draft length (-1: not started)
+    done: np.ndarray  # bool
     drafted: np.ndarray  # length of its last draft
-    cores: list = field(default_factory=list)
+    drafts: list  # its last draft
+    seqs: list = field(default_factory=list)
+    cores: list = field(default_factory=list)  # each row's compiled streams
+    n: Any = None  # each row's length now
     verified: Any = None  # its last draft was verified this step
+
+    @classmethod
+    def empty(cls) -> "_Rows":
+        none = np.zeros(0, dtype=np.int64)
+        return cls(none, none, none, none, none.astype(bool), none, [])
 
 
 class TreeDrafts(RowTracking):
@@ -83,7 +94,7 @@ class TreeDrafts(RowTracking):
                                 load_steps=table.load_steps)
         self.groups = LiveGroups(self.trees, commit_every, commit_seconds, idle_groups)
         self.rows: dict[int, TrackedSeq] = {}
-        self._remember(*np.zeros((3, 0), dtype=np.int64), np.zeros((0, TAIL), dtype=np.int64))
+        self._forget()
         self.away: dict[int, TrackedSeq] = {}  # id -> sequence out of the batch that may come back
         self.step, self.clock = 0, StepClock()
         self.lock = threading.RLock()
@@ -109,61 +120,86 @@ class TreeDrafts(RowTracking):
             sampled = np.fromiter(map(len, sampled_token_ids), np.int64, len(sampled_token_ids))
             self.c.row_forwards += int(np.count_nonzero(sampled))
             num = np.asarray(num_tokens_no_spec)
-            self.rows = self._track(sampled, num, token_ids_cpu)
+            self.rows, src = self._track(sampled, num, token_ids_cpu)
             out: list[list[int]] = [[] for _ in range(len(sampled_token_ids))]
-            self._remember(*self._step(out, sampled, num, token_ids_cpu), token_ids_cpu)
+            self._remember(*self._step(out, sampled, num, token_ids_cpu, src), token_ids_cpu)
             self._expire()
             if self.groups.due():
                 self.flush()
             self.clock.tick()
             return out
 
-    def _step(self, out: list, sampled: np.ndarray, num: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, ...]:
+    def _step(self, out: list, sampled: np.ndarray, num: np.ndarray, ids: np.ndarray,
+              src: np.ndarray) -> tuple[np.ndarray, ...]:
         """Every tracked row at once, in two compiled calls: feed its new tokens and adapt its
         draft length (`_feed`), then draft for the rows that sampled. Returns the rows' slots,
         lengths and whether each is done."""
         slots = np.fromiter(self.rows, np.int64, len(self.rows))
-        if not len(slots):
-            return slots, slots, slots
-        seqs = list(self.rows.values())
-        b = self._feed(seqs, slots, num[slots].astype(np.int64), ids)
+        b = self._gather(slots, src)
+        if len(slots):
+            self._feed(b, num[slots].astype(np.int64), ids)
+            self._draft(b, out, sampled)
+        self.last = b
+        return b.slots, b.seen, b.done
+
+    def _gather(self, slots: np.ndarray, src: np.ndarray) -> _Rows:
+        """This step's rows' state: last step's arrays at `src`, a `TrackedSeq`'s own where -1."""
+        p, j, seqs = self.last, np.maximum(src, 0), list(self.rows.values())
+        cols = np.stack([p.seen, p.plen, p.spec, p.done, p.drafted]).take(j, axis=1) if len(p.slots) else \
+            np.zeros((5, len(slots)), dtype=np.int64)
+        drafts, cores = ([list(map(x.__getitem__, j.tolist())) for x in (p.drafts, p.cores)] if len(p.slots) else
+                         ([None] * len(slots), [None] * len(slots)))
+        for r in np.flatnonzero(src < 0).tolist():  # moved, returned or new
+            s = seqs[r]
+            cols[:, r] = s.seen, s.plen, s.spec_len, s.done, len(s.last_draft)
+            drafts[r], cores[r] = s.last_draft, s.cores
+        return _Rows(slots, cols[0], cols[1], cols[2], cols[3] > 0, cols[4], drafts, seqs, cores)
+
+    def _park(self, s: TrackedSeq, j: int) -> None:
+        super()._park(s, j)
+        s.spec_len, s.last_draft = int(self.last.spec[j]), self.last.drafts[j]
+
+    def _forget(self) -> None:
+        """No row is tracked (a new proposer, or after `finish`)."""
+        self.last = _Rows.empty()
+        self._remember(self.last.slots, self.last.seen, self.last.done, np.zeros((0, TAIL), dtype=np.int64))
+
+    def _feed(self, b: _Rows, n: np.ndarray, ids: np.ndarray) -> None:
+        """Each row's new tokens into its trees (up to and including eos or `max_new_tokens`,
+        where its sequence ends), what its last draft predicted, and its next draft length."""
+        b.n = n
+        fresh = (n > b.seen) & ~b.done  # rows with new tokens to take
+        ends = np.where(fresh, n, b.seen)
+        threads = self.threads if int((ends - b.seen).sum()) >= THREAD_TOKENS else 1
+        fed, accepted = (np.array(x, dtype=np.int64) for x in feed_many(
+            b.cores, ids, b.slots, b.seen, ends, b.plen + self.cap, self.eos_ids, b.drafts, threads))
+        b.verified = fresh & (b.drafted > 0)  # its draft's verdict: kept drafts come first in the new tokens
+        self.c.accepted_tokens += int(accepted[b.verified].sum())
+        if self.table.adaptive:
+            b.spec = np.where(b.verified, next_draft_lengths(b.spec, self.budget, b.drafted, accepted), b.spec)
+        last = ids[b.slots, np.maximum(b.seen + fed - 1, 0)]
+        ended = fresh & ((fed < n - b.seen) | ((fed > 0) & (last[:, None] == self.eos_ids).any(1))
+                         | (b.seen - b.plen + fed >= self.cap))
+        for r in np.flatnonzero(ended).tolist():
+            self._end(b.seqs[r])
+        b.seen, b.done = np.where(fresh, n, b.seen), b.done | ended
+
+    def _draft(self, b: _Rows, out: list, sampled: np.ndarray) -> None:
+        """A draft for every row that sampled and takes more tokens, in its `out` slot; a row's
+        drafted or verified draft is replaced by this one (a verified draft is spent)."""
         drafting = (sampled[b.slots] > 0) & ~b.done
         b.spec = np.where(drafting & (b.spec < 0), self.budget, b.spec)  # a first draft: the whole budget
         room = np.minimum(b.spec, np.minimum(self.max_model_len - b.n - 1, self.cap - (b.n - b.plen) - 1))
         threads = self.threads if np.count_nonzero(drafting) >= THREAD_ROWS else 1
         drafts = draft_many(b.cores, np.where(drafting, room, 0), self.table.min_prob, threads)
-        self.c.drafted(int(drafting.sum()), drafts)
-        for s, i, sl, d, dr, v in zip(seqs, b.slots.tolist(), b.spec.tolist(), drafts, drafting.tolist(),
-                                      b.verified.tolist()):
-            s.spec_len, out[i] = sl, d
-            if dr or v:  # a verified draft is spent; a new one replaces it
-                s.last_draft = d
-        return b.slots, b.seen, b.done
-
-    def _feed(self, seqs: list[TrackedSeq], slots: np.ndarray, n: np.ndarray, ids: np.ndarray) -> "_Rows":
-        """Each row's new tokens into its trees (up to and including eos or `max_new_tokens`,
-        where its sequence ends), what its last draft predicted, and its next draft length."""
-        b = _Rows(slots, n, *np.array([(s.seen, s.plen, s.spec_len, s.done, len(s.last_draft)) for s in seqs],
-                                      dtype=np.int64).T.copy(), cores=[s.cores for s in seqs])
-        fresh = (n > b.seen) & (b.done == 0)  # rows with new tokens to take
-        ends = np.where(fresh, n, b.seen)
-        threads = self.threads if int((ends - b.seen).sum()) >= THREAD_TOKENS else 1
-        fed, accepted = (np.array(x, dtype=np.int64) for x in feed_many(
-            b.cores, ids, slots, b.seen, ends, b.plen + self.cap, self.eos_ids, [s.last_draft for s in seqs], threads))
-        b.verified = fresh & (b.drafted > 0)  # its draft's verdict: kept drafts come first in the new tokens
-        self.c.accepted_tokens += int(accepted[b.verified].sum())
-        if self.table.adaptive:
-            b.spec = np.where(b.verified, next_draft_lengths(b.spec, self.budget, b.drafted, accepted), b.spec)
-        last = ids[slots, np.maximum(b.seen + fed - 1, 0)]
-        ended = fresh & ((fed < n - b.seen) | ((fed > 0) & (last[:, None] == self.eos_ids).any(1))
-                         | (b.seen - b.plen + fed >= self.cap))
-        for s in (seqs[j] for j in np.flatnonzero(ended).tolist()):
-            s.done = True
-            self._end(s)
-        for s, k in zip((seqs[j] for j in np.flatnonzero(fresh).tolist()), n[fresh].tolist()):
-            s.seen = k
-        b.seen, b.done = np.where(fresh, n, b.seen), (b.done > 0) | ended
-        return b
+        lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))
+        self.c.drafted(int(drafting.sum()), lengths)
+        for i, d in zip(b.slots.tolist(), drafts):
+            out[i] = d
+        new = drafting | b.verified
+        for r in np.flatnonzero(~new).tolist():
+            drafts[r] = b.drafts[r]
+        b.drafts, b.drafted = drafts, np.where(new, lengths, b.drafted)
 
     # --- ending -------------------------------------------------------------------------------
     def _end(self, s: TrackedSeq) -> None:
@@ -200,7 +236,7 @@ class TreeDrafts(RowTracking):
         with self.lock:
             self._end_all(self.rows)
             self._end_all(self.away)
-            self._remember(self.slots[:0], self.seen[:0], self.done[:0], np.zeros((0, TAIL), dtype=np.int64))
+            self._forget()
             self.flush()
             self.c.groups, self.c.hits = self.trees.loaded, self.trees.hits
             self.trees.loaded = self.trees.hits = 0

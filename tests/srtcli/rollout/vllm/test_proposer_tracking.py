@@ -17,6 +17,7 @@ from cache_store.uid import prompt_uid
 from srtcli.rollout.drafters.draft_length import next_draft_length
 from srtcli.rollout.drafters.group_trees import DEPTH
 from srtcli.rollout.vllm.table import Table
+from srtcli.rollout.vllm.row_tracking import TAIL, gather_tails
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from tests.srtcli.rollout.context_drafts import context_draft
 
@@ -60,9 +61,9 @@ class WholeRowTracking(TreeDrafts):
             cur[i] = self._arrived(free, ids[i], int(num[i]), int(sampled[i]))
         for s in free.values():
             self._left(s)
-        return cur
+        return cur, None
 
-    def _step(self, out, sampled, num, ids):
+    def _step(self, out, sampled, num, ids, src):
         """One row at a time in Python: every row's new tokens, then every row's draft."""
         for i, s in self.rows.items():
             self._feed(s, ids[i], int(num[i]))
@@ -114,19 +115,19 @@ class WholeRowTracking(TreeDrafts):
         return list(toks)
 
 
-def requests(rng: random.Random, n: int) -> list[list]:
-    """[prompt ids, output] per request: K=3 per prompt, copies of a few paths over a small
-    vocabulary (rows often share their last tokens), some ended by eos (junk after it), some
-    past the cap, and three requests of one more prompt."""
+def requests(rng: random.Random, n: int, lead: list[int]) -> list[list]:
+    """[prompt ids, output] per request: K=3 per prompt (each prompt after `lead`), copies of a
+    few paths over a small vocabulary (rows often share their last tokens), some ended by eos
+    (junk after it), some past the cap, and three requests of one more prompt."""
     out = []
-    for uid, p in list(PROMPTS.items()) * (n // 12 + 1):
+    for p in [lead + p for p in PROMPTS.values()] * (n // 12 + 1):
         path = [rng.randrange(20, 26) for _ in range(MAX_NEW + 20)]
         for _ in range(3):
             o = [t if rng.random() > 0.1 else rng.randrange(20, 26) for t in path[: rng.randint(1, MAX_NEW + 12)]]
             if rng.random() < 0.4:
                 o = o[: rng.randint(0, len(o))] + [EOS, 33]
             out.append([list(p), o])
-    out += [[list(OTHER), [rng.randrange(20, 26) for _ in range(8)]] for _ in range(3)]
+    out += [[lead + OTHER, [rng.randrange(20, 26) for _ in range(8)]] for _ in range(3)]
     rng.shuffle(out)
     return out
 
@@ -137,9 +138,9 @@ class Steps:
     fill the other holes), rows swapped (vLLM reorders its batch), preempted requests going
     back to the queue and returning as prompt + what they had kept."""
 
-    def __init__(self, rng: random.Random, reqs: list[list], slots: int):
+    def __init__(self, rng: random.Random, reqs: list[list], slots: int, width: int):
         self.rng, self.waiting, self.slots = rng, reqs, slots
-        self.ids = np.zeros((slots, WIDTH), dtype=np.int64)
+        self.ids = np.zeros((slots, width), dtype=np.int64)
         self.num = np.zeros(slots, dtype=np.int64)
         self.rows: list[list] = []  # [prompt, output, kept, prefilled]
 
@@ -187,9 +188,9 @@ class Steps:
             rows[i], rows[j] = rows[j], rows[i]
 
 
-def drive(drafts: TreeDrafts, seed: int, slots: int) -> tuple[list, dict]:
+def drive(drafts: TreeDrafts, seed: int, slots: int, lead: list[int]) -> tuple[list, dict]:
     rng = random.Random(seed)
-    steps = Steps(rng, requests(rng, 24), slots)
+    steps = Steps(rng, requests(rng, 24, lead), slots, WIDTH + len(lead))
     proposals = []
     while steps.waiting or steps.rows:
         if not steps.rows:
@@ -206,18 +207,23 @@ def stored(store: LmdbSequenceStore) -> dict[str, list[tuple[int, ...]]]:
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("shared", [True, False])
-def test_incremental_tracking_drafts_and_stores_what_whole_row_tracking_does(tmp_path, seed, shared):
+@pytest.mark.parametrize("lead", [0, TAIL + 2], ids=["short-prompts", "prompts-past-the-tail"])
+def test_incremental_tracking_drafts_and_stores_what_whole_row_tracking_does(tmp_path, seed, shared, lead):
+    """Short prompts: rows shorter than `TAIL` are recognised token by token; prompts past it
+    (as in production): by whole windows (`gather_tails`)."""
+    lead = list(range(100, 100 + lead))
     table = Table(None, MAX_NEW, [EOS], adaptive=True, shared=shared, fingerprint=FP)
     got, want = {}, {}
     for name, cls, out in (("new", TreeDrafts, got), ("ref", WholeRowTracking, want)):
         table.cache = str(tmp_path / name)
         with LmdbSequenceStore.open(tmp_path / name) as store:
-            out["drafts"], out["counts"] = drive(cls(table, 4, WIDTH - 8, store=store, commit_every=2), seed, 5)
+            d = cls(table, 4, WIDTH + len(lead) - 8, store=store, commit_every=2)
+            out["drafts"], out["counts"] = drive(d, seed, 5, lead)
             out["stored"] = stored(store)
     assert got["drafts"] == want["drafts"]
     assert got["stored"] == want["stored"] and got["counts"] == want["counts"]
     assert want["counts"]["drafted_tokens"] > 0 and want["counts"]["resumed_rows"] > 0
-    assert set(PROMPTS) <= set(want["stored"])
+    assert {prompt_uid(lead + p, FP) for p in PROMPTS.values()} <= set(want["stored"])
 
 
 def test_a_row_whose_tokens_before_its_length_changed_is_not_taken_for_the_same_sequence():
@@ -257,7 +263,7 @@ def test_identical_samples_that_trade_rows_are_each_still_themselves():
         step([0, 1], [1, 5])  # the second sample runs ahead of the first
     a, b = d.rows[0], d.rows[1]
     step([1, 0], [1, 1])  # vLLM reorders its batch: they trade rows
-    assert d.rows[0] is b and d.rows[1] is a and (a.seen, b.seen) == (n[0], n[1])
+    assert d.rows[0] is b and d.rows[1] is a and d.seen.tolist() == [n[1], n[0]]  # row state, in row order
     assert len(d.groups.pending) == 0 and d.away == {}  # no sequence left, none started anew
 
 
@@ -271,4 +277,20 @@ def test_rows_after_a_finished_batch_are_new_sequences_of_the_next():
     assert first["rows"] == 2 and d.rows == {}
     ids[0, len(p) + 2] = 22  # the next generate: the same prompt in row 0, one row
     d.propose([[20, 21, 22]], np.array([len(p) + 3]), ids)
-    assert d.rows[0].seen == len(p) + 3 and not d.rows[0].ended and d.c.rows == 1
+    assert d.seen.tolist() == [len(p) + 3] and not d.rows[0].ended and d.c.rows == 1
+
+
+@pytest.mark.parametrize("short", [False, True], ids=["every-row-past-the-tail", "a-row-shorter"])
+def test_a_rows_tail_is_the_tokens_just_before_its_length(short):
+    """`gather_tails` against its definition, per row: the `TAIL` tokens before its length,
+    positions before the row's start clipped to its first token; rows in any order of slots."""
+    rng = np.random.default_rng(0)
+    for dtype in (np.int32, np.int64):
+        ids = rng.integers(0, 1000, (7, 3 * TAIL)).astype(dtype)
+        slots = rng.permutation(7)[:5]
+        seen = rng.integers(TAIL, 3 * TAIL + 1, 5)
+        if short:
+            seen[2] = TAIL // 3
+        want = np.array([[ids[i, max(p, 0)] for p in range(n - TAIL, n)] for i, n in zip(slots, seen)])
+        got = gather_tails(ids, slots, seen)
+        assert got.dtype == ids.dtype and np.array_equal(got, want)
