@@ -119,10 +119,9 @@ class GroupTrees:
         return g
 
     def _load(self, uid: str) -> Group:
-        """The prompt's group, a hit if the store held sequences for it: its tree built now from
-        its newest stored sequences (at most LOAD_NEWEST of them and `load_tokens` tokens), or,
-        with `load_steps` and past the step's `inline_tokens`, built in a thread while the group
-        streams into an empty tree (`adopt`)."""
+        """The prompt's group, a hit if the store held sequences for it: its tree of its newest
+        stored sequences (at most LOAD_NEWEST of them and `load_tokens` tokens), built in the
+        step or off it as `_group` decides."""
         if self.store is None:
             return Group(SuffixTree(DEPTH), False)
         seqs = [(s.tokens, s.weight, s.probs) for s in newest_stored(self.store, uid, tokens=self.load_tokens)]

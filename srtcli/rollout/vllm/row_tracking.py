@@ -68,15 +68,21 @@ def gather_tails(ids: np.ndarray, slots: np.ndarray, seen: np.ndarray) -> np.nda
     return flat[np.maximum(seen[:, None] - TAIL + np.arange(TAIL), 0) + np.reshape(slots * width, (-1, 1))]
 
 
+def grown(seen: Any, done: Any, n: Any, k: Any) -> Any:
+    """Whether a row `n` long that sampled `k` tokens is as long as a sequence `seen` long would
+    be now: exactly what it had and those (a longer identical sibling, as greedy samples are, is
+    not it); a done one at least what it had (it may hold junk after eos). Scalars or arrays."""
+    return np.where(done, n >= seen, n - k == seen)
+
+
 class RowTracking:
     """Recognising each row's sequence from one step to the next (see the module docstring)."""
 
     @staticmethod
     def _continues(s: TrackedSeq, row: np.ndarray, n: int, k: int) -> bool:
-        """Whether a row `n` long that sampled `k` tokens holds `s`: exactly what it had and those (a
-        longer identical sibling, as greedy samples are, is not it), with the same tail."""
-        held = n >= s.seen if s.done else n - k == s.seen  # a done one may hold junk after eos
-        return held and np.array_equal(gather_tails(row[None], np.zeros(1, np.int64), np.array([s.seen]))[0], s.tail)
+        """Whether a row `n` long that sampled `k` tokens holds `s`: `grown` to its length, with the same tail."""
+        tail = gather_tails(row[None], np.zeros(1, np.int64), np.array([s.seen]))[0]
+        return bool(grown(s.seen, s.done, n, k)) and np.array_equal(tail, s.tail)
 
     def _moved(self, free: dict[int, TrackedSeq], row: np.ndarray, n: int, k: int) -> TrackedSeq | None:
         """A tracked sequence that now sits in another row (vLLM condensed its batch)."""
@@ -107,8 +113,8 @@ class RowTracking:
         live = self.slots < len(sampled)
         if live.any():
             slots, seen = self.slots[live], self.seen[live]
-            grown = np.where(self.done[live], num[slots] >= seen, num[slots] - sampled[slots] == seen)
-            same[live] = (gather_tails(ids, slots, seen) == self.tails[live]).all(1) & grown
+            same[live] = grown(seen, self.done[live], num[slots], sampled[slots]) \
+                & (gather_tails(ids, slots, seen) == self.tails[live]).all(1)
         return same
 
     def _track(self, sampled: np.ndarray, num_tokens_no_spec: np.ndarray,
