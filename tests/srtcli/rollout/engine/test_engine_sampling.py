@@ -60,9 +60,10 @@ def sample(model, drafter, params, seed=0, groups=1) -> tuple[dict, Engine]:
 
 def fit(counts: dict, probs: dict) -> float:
     """Chi-square p-value, pooling the cells expected to hold fewer than 5 samples."""
+    n = sum(counts.values())
     keys = sorted(probs, key=probs.get, reverse=True)
-    big = [k for k in keys if probs[k] * N >= 5]
-    small = [k for k in keys if probs[k] * N < 5]
+    big = [k for k in keys if probs[k] * n >= 5]
+    small = [k for k in keys if probs[k] * n < 5]
     c = [counts.get(k, 0) for k in big] + [sum(counts.get(k, 0) for k in small)]
     p = [probs[k] for k in big] + [sum(probs[k] for k in small)]
     return p_value(torch.tensor(c, dtype=torch.float64), torch.tensor(p, dtype=torch.float64))
