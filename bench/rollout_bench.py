@@ -20,8 +20,9 @@ before it stored p-hat. `srt-tree`, `srt-tree-wide` and `srt-tree-48` verify a d
 last is only run when named in `--configs` (it costs the most compute per forward), as are the
 `-tail` / `-no-tail` configs: the engine's tail trees (`--tail-nodes`) forced on (64 nodes) or
 off, where the others take the device's default (on with CUDA, off on a CPU). The summary
-prints each srt config's forwards against `arctic`, and host time (wall minus model time) per
-forward and per generated token, srt against `none`.
+prints each srt config's forwards against `arctic`, host time (wall minus model time) per
+forward and per generated token, srt against `none`, and each config's last-epoch forwards by
+how full they ran (bench/forward_rows.py): full batches against the long tail's few rows.
 
 `--repeat N` then runs each config's last epoch N more times, configs interleaved, each from a
 copy of its cache before that epoch and with the same seed (the same work every round;
@@ -68,6 +69,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.forward_rows import by_fill, count_rows  # noqa: E402
 from bench.repeat_epoch import fastest_ratio, repeat, round_ratios, snapshot  # noqa: E402
 
 CONFIGS = {
@@ -291,16 +293,22 @@ def main() -> None:
             o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / f"pool-{name}-{epoch}")
             o["seed"] = args.seed + epoch  # fresh samples every epoch, as in RL (never replay an epoch)
             o["drafter"] = drafters.get(name)
-            if args.profile and epoch == args.epochs and name in ("none", "srt"):
-                s = profiled(embedded_rollout, o, f"{args.profile}-{name}.txt")
-            else:
-                s = embedded_rollout(**o)
+            with count_rows() as rows:
+                if args.profile and epoch == args.epochs and name in ("none", "srt"):
+                    s = profiled(embedded_rollout, o, f"{args.profile}-{name}.txt")
+                else:
+                    s = embedded_rollout(**o)
+            s["forwards_by_rows"] = by_fill(rows, args.batch_size)
             results[name].append(s)
             host = host_cost(s)[0]
             print(f"epoch {epoch} {name:14s} wall {s['wall_s']:7.2f}s  cpu {s['cpu_s']:7.2f}s  "
                   f"{s['tokens_per_s']:7.1f} tok/s  model {s['model_s']:6.2f}s  host/forward {host:5.2f} ms  "
                   f"accepted/forward {s['accepted_per_forward']:.3f}  acceptance {s['draft_acceptance_rate']:.3f}  "
                   f"run-ahead {s['run_ahead_tokens']}", flush=True)
+    print(f"\nepoch {args.epochs} forwards by the rows they carried (of {args.batch_size} slots; run-ahead rows "
+          "and prefill forwards included):")
+    for name in names:
+        print(f"{name:20s} " + "  ".join(f"{label}: {n:3d}" for label, n in results[name][-1]["forwards_by_rows"]))
     ref = hf_generate(args, model, prompts)
     print(f"HF generate (batched sampling): wall {ref['wall_s']:.2f}s  {ref['tokens_per_s']:.1f} tok/s")
     if "none" in names:  # HF generate runs no tools: compare with `none` under the same terms

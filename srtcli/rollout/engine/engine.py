@@ -25,7 +25,7 @@ How the pieces fit:
 - Tool calls (`turn_end`) may hand back output that is not ready (`Pending`): the row keeps its
   slot and KV cache but sits out of the forwards until `step` finds the output ready.
 - Adaptive draft length per sequence (`srtcli.rollout.drafters.draft_length`), from past
-  outcomes only.
+  outcomes only, in a full batch; in the long tail every row drafts the whole budget.
 - Tree drafts (`Proposal.parents`, `srtcli.rollout.engine.tree_verify`): the nodes follow the
   pending tokens, each at the position of its depth and seeing only its ancestors (always a
   packed forward); verification walks one draw from p per node, and the accepted nodes' KV
@@ -44,7 +44,7 @@ import math
 import torch
 
 from srtcli.rollout.drafters.base import Drafter, Proposal
-from srtcli.rollout.drafters.draft_length import next_draft_length
+from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_length
 from srtcli.rollout.engine.forward import ForwardPass
 from srtcli.rollout.engine.kv_memory import check_kv_fits
 from srtcli.rollout.engine.sampling import SamplingParams, sample
@@ -132,7 +132,8 @@ class Engine:
             return done
         rows, followers = self._share_prompts(rows)
         nodes = self._tree_nodes(len(rows))
-        props = [self._propose(s, nodes) for s in rows]
+        tail = in_the_tail(len(rows), len(self.slots))
+        props = [self._propose(s, nodes, tail) for s in rows]
         # short pending runs (a tool result) ride with the decode rows; only long ones (a fresh
         # prompt) get their own forward, so they do not pad every decode row
         short = max(8, self.budget + 1)
@@ -215,7 +216,9 @@ class Engine:
         share = min(len(self.slots) * (1 + self.budget), TAIL_POSITIONS) // max(rows, 1) - 1
         return min(self.tail_nodes, share) if self.tail_nodes and share > self.budget else 0
 
-    def _propose(self, seq: Sequence, nodes: int = 0) -> Proposal:
+    def _propose(self, seq: Sequence, nodes: int = 0, tail: bool = False) -> Proposal:
+        """A draft tree of `nodes` nodes if asked, else a chain: the whole budget in the long
+        `tail`, else at most the sequence's adaptive length."""
         pending = len(seq.tokens) - seq.cache_len
         left = min(seq.max_new_tokens - seq.generated - 1, self.max_len - seq.cache_len - pending - 1)
         nodes = min(nodes, left)  # a tree's depth never passes what the sequence may still take
@@ -226,7 +229,8 @@ class Engine:
         if self.adaptive:
             if seq.spec_len < 0:
                 seq.spec_len = self.budget
-            room = min(room, seq.spec_len)
+            if not tail:
+                room = min(room, seq.spec_len)
         if room <= 0:
             return Proposal([])
         prop = self.drafter.propose(seq, room)

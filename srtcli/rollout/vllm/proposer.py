@@ -49,6 +49,7 @@ class SrtProposer:
     def __init__(self, vllm_config: Any):
         self.budget = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
+        self.max_num_seqs = int(vllm_config.scheduler_config.max_num_seqs)
         self.facts = model_facts(vllm_config)
         self.commit_every, self.commit_seconds = commit_settings()
         self.drafts = self._drafts(Table(), None)
@@ -63,7 +64,8 @@ class SrtProposer:
 
     def _drafts(self, table: Table, store: Any) -> TreeDrafts:
         return TreeDrafts(completed(table, self.facts), self.budget, self.max_model_len, store,
-                          writer=_is_rank0(), commit_every=self.commit_every, commit_seconds=self.commit_seconds)
+                          writer=_is_rank0(), commit_every=self.commit_every, commit_seconds=self.commit_seconds,
+                          max_num_seqs=self.max_num_seqs)
 
     def start(self, table: Table) -> None:
         """Draft with these settings from now on; what is pending is appended first."""

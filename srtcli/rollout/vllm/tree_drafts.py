@@ -34,7 +34,7 @@ import numpy as np
 
 from cache_store.uid import prompt_uid
 from cache_store.suffix_tree import draft_many, feed_many
-from srtcli.rollout.drafters.draft_length import next_draft_lengths
+from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_lengths
 from srtcli.rollout.drafters.group_trees import GroupTrees
 from srtcli.rollout.vllm.commits import COMMIT_EVERY, COMMIT_SECONDS, IDLE_GROUPS, LiveGroups, StepClock
 from srtcli.rollout.vllm.counters import Counters
@@ -79,14 +79,17 @@ class _Rows:
 class TreeDrafts(RowTracking):
     """The proposer's state: its settings, the tracked rows, the trees and their commits.
     `table.fingerprint` must be set (`worker_facts.completed`). Thread-safe: vLLM's step and the
-    proposer's idle-commit thread both come through the lock."""
+    proposer's idle-commit thread both come through the lock. With `max_num_seqs` (vLLM's), a
+    step of at most a quarter of that many rows is the long tail: every row drafts the whole
+    budget whatever its adaptive length (`in_the_tail`)."""
 
     def __init__(self, table: Table, budget: int, max_model_len: int, store: Any = None, writer: bool = True,
                  commit_every: int = COMMIT_EVERY, commit_seconds: float = COMMIT_SECONDS,
-                 idle_groups: int = IDLE_GROUPS):
+                 idle_groups: int = IDLE_GROUPS, max_num_seqs: int | None = None):
         if not table.fingerprint or table.adaptive is None:
             raise ValueError("TreeDrafts needs a completed table: fingerprint and adaptive set (worker_facts)")
         self.table, self.budget, self.max_model_len = table, budget, max_model_len
+        self.max_num_seqs = max_num_seqs
         self.cap = table.max_new_tokens if table.max_new_tokens is not None else max_model_len
         self.eos_ids = np.array(sorted(set(table.eos_ids or ())), dtype=np.int64)
         self.threads = table.threads or feed_threads()
@@ -189,7 +192,9 @@ class TreeDrafts(RowTracking):
         drafted or verified draft is replaced by this one (a verified draft is spent)."""
         drafting = (sampled[b.slots] > 0) & ~b.done
         b.spec = np.where(drafting & (b.spec < 0), self.budget, b.spec)  # a first draft: the whole budget
-        room = np.minimum(b.spec, np.minimum(self.max_model_len - b.n - 1, self.cap - (b.n - b.plen) - 1))
+        tail = self.max_num_seqs is not None and in_the_tail(len(sampled), self.max_num_seqs)
+        room = np.minimum(self.budget if tail else b.spec,
+                          np.minimum(self.max_model_len - b.n - 1, self.cap - (b.n - b.plen) - 1))
         threads = self.threads if np.count_nonzero(drafting) >= THREAD_ROWS else 1
         drafts = draft_many(b.cores, np.where(drafting, room, 0), self.table.min_prob, threads)
         lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))

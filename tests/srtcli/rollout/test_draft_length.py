@@ -1,5 +1,6 @@
 """The adaptive draft length: two tokens longer after a fully accepted draft (up to the budget),
-else what was accepted plus one; the array form used by the vLLM proposer is the same rule."""
+else what was accepted plus one; the array form used by the vLLM proposer is the same rule; in
+the long tail (at most a quarter of the slots running) no adaptive length applies."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import itertools
 
 import numpy as np
 
-from srtcli.rollout.drafters.draft_length import next_draft_length, next_draft_lengths
+from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_length, next_draft_lengths
 
 
 def test_the_rule():
@@ -23,3 +24,8 @@ def test_the_array_form_is_the_same_rule():
     for budget in (1, 4, 8):
         want = [next_draft_length(c, budget, d, a) for c, d, a in cases]
         assert next_draft_lengths(cur, budget, drafted, acc).tolist() == want
+
+
+def test_the_long_tail_is_at_most_a_quarter_of_the_slots():
+    assert [in_the_tail(r, 32) for r in (1, 8, 9, 32)] == [True, True, False, False]
+    assert [in_the_tail(r, 3) for r in (0, 1)] == [True, False]  # a small batch: only when none run

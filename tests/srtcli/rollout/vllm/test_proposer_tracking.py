@@ -14,7 +14,7 @@ import pytest
 
 from cache_store.seqstore import LmdbSequenceStore
 from cache_store.uid import prompt_uid
-from srtcli.rollout.drafters.draft_length import next_draft_length
+from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_length
 from srtcli.rollout.drafters.group_trees import DEPTH
 from srtcli.rollout.vllm.table import Table
 from srtcli.rollout.vllm.row_tracking import TAIL, gather_tails
@@ -67,9 +67,10 @@ class WholeRowTracking(TreeDrafts):
         """One row at a time in Python: every row's new tokens, then every row's draft."""
         for i, s in self.rows.items():
             self._feed(s, ids[i], int(num[i]))
+        tail = in_the_tail(len(sampled), self.max_num_seqs)
         for i, s in self.rows.items():
             if sampled[i] and not s.done:
-                out[i] = s.last_draft = self._draft(s, ids[i], int(num[i]))
+                out[i] = s.last_draft = self._draft(s, ids[i], int(num[i]), tail)
         return np.zeros((3, 0), dtype=np.int64)
 
     def _feed(self, s, row, n) -> None:
@@ -100,11 +101,11 @@ class WholeRowTracking(TreeDrafts):
             s.done = True
             self._end(s)
 
-    def _draft(self, s, row, n):
+    def _draft(self, s, row, n, tail):
         self.c.rows += 1
         if s.spec_len < 0:
             s.spec_len = self.budget
-        room = min(s.spec_len, self.max_model_len - n - 1, self.cap - (n - s.plen) - 1)
+        room = min(self.budget if tail else s.spec_len, self.max_model_len - n - 1, self.cap - (n - s.plen) - 1)
         if room <= 0:
             return []
         ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(DEPTH - 1):].tolist()
@@ -217,7 +218,7 @@ def test_incremental_tracking_drafts_and_stores_what_whole_row_tracking_does(tmp
     for name, cls, out in (("new", TreeDrafts, got), ("ref", WholeRowTracking, want)):
         table.cache = str(tmp_path / name)
         with LmdbSequenceStore.open(tmp_path / name) as store:
-            d = cls(table, 4, WIDTH + len(lead) - 8, store=store, commit_every=2)
+            d = cls(table, 4, WIDTH + len(lead) - 8, store=store, commit_every=2, max_num_seqs=5)
             out["drafts"], out["counts"] = drive(d, seed, 5, lead)
             out["stored"] = stored(store)
     assert got["drafts"] == want["drafts"]

@@ -211,7 +211,7 @@ from srtcli.rollout.vllm.proposer import SrtProposer
 ns = types.SimpleNamespace
 cfg = ns(speculative_config=ns(num_speculative_tokens=4), model_config=ns(max_model_len=60, tokenizer=sys.argv[1],
          tokenizer_revision=None, trust_remote_code=False), device_config=ns(device_type="cpu"),
-         parallel_config=ns(worker_extension_cls=""))
+         parallel_config=ns(worker_extension_cls=""), scheduler_config=ns(max_num_seqs=8))
 """
 _WORKER = _CONFIG + """
 p = SrtProposer(cfg)
