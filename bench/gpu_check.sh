@@ -19,8 +19,10 @@
 #      installed. The GPU image does not have it and the package index has no binary wheel of
 #      arctic-inference 0.3 for the image's Python, so there the bench prints one line and
 #      skips it, unless a wheel built for that Python (cp312) is put in .whl beside the others;
-#      each run ends with the compute-bound ceiling (greedy, plain vs a drafter whose every draft
-#      is accepted: the most any drafter can gain on that device with those draft lengths);
+#      each run prints each config's epoch-3 forwards by the rows they carried (full batches
+#      against the long tail) and ends with the compute-bound ceiling (greedy, plain vs a drafter
+#      whose every draft is accepted: the most any drafter can gain on that device with those
+#      draft lengths);
 #   4. profiles epoch 3 of none and srt (cProfile): on a GPU the 1.2M-parameter model leaves
 #      host Python as the likely bottleneck, and this says where it goes;
 #   5. prints bench/proposer_bench.py (the vLLM proposer's host cost per row per step, 256 rows,
