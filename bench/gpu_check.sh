@@ -70,7 +70,7 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', 'transforme
 step "exactness tests on $DEV"
 SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider \
     tests/srtcli/rollout/engine/test_engine.py tests/srtcli/rollout/engine/test_engine_sampling.py tests/srtcli/rollout/engine/test_tree_verify.py \
-    tests/srtcli/rollout/engine/test_tail_trees.py \
+    tests/srtcli/rollout/engine/test_tail_trees.py tests/srtcli/rollout/engine/test_tail_drafts.py \
     tests/attention/test_masks.py 2>&1 \
     | tee "$OUT/tests_$DEV.log" | tail -15
 
