@@ -23,6 +23,8 @@ off, where the others take the device's default (on with CUDA, off on a CPU). Th
 prints each srt config's forwards against `arctic`, host time (wall minus model time) per
 forward and per generated token, srt against `none`, and each config's last-epoch forwards by
 how full they ran (bench/forward_rows.py): full batches against the long tail's few rows.
+`--coverage` adds, for the last epoch's drafted chains, the chance a drawn token is accepted
+against the policy's mass on the tree children it was drawn from (bench/draft_coverage.py).
 
 `--repeat N` then runs each config's last epoch N more times, configs interleaved, each from a
 copy of its cache before that epoch and with the same seed (the same work every round;
@@ -64,11 +66,13 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.draft_coverage import measure_drafts  # noqa: E402
 from bench.forward_rows import by_fill, count_rows  # noqa: E402
 from bench.repeat_epoch import fastest_ratio, repeat, round_ratios, snapshot  # noqa: E402
 
@@ -259,6 +263,8 @@ def main() -> None:
                     help="then the last epoch N more times per config, interleaved, from each config's cache "
                          "before it (bench/repeat_epoch.py): wall-time ratios robust to the machine's drift")
     ap.add_argument("--json-out")
+    ap.add_argument("--coverage", action="store_true", help="measure the last epoch's drafted chains against "
+                    "the acceptance their tree children allow (bench/draft_coverage.py; slows that epoch)")
     ap.add_argument("--profile", metavar="PREFIX", help="cProfile the last epoch of none and srt into "
                     "PREFIX-none.txt / PREFIX-srt.txt (host vs model time; slows those two runs)")
     args = ap.parse_args()
@@ -293,12 +299,15 @@ def main() -> None:
             o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / f"pool-{name}-{epoch}")
             o["seed"] = args.seed + epoch  # fresh samples every epoch, as in RL (never replay an epoch)
             o["drafter"] = drafters.get(name)
-            with count_rows() as rows:
+            measure = args.coverage and epoch == args.epochs
+            with count_rows() as rows, (measure_drafts() if measure else nullcontext()) as coverage:
                 if args.profile and epoch == args.epochs and name in ("none", "srt"):
                     s = profiled(embedded_rollout, o, f"{args.profile}-{name}.txt")
                 else:
                     s = embedded_rollout(**o)
             s["forwards_by_rows"] = by_fill(rows, args.batch_size)
+            if measure:
+                s["draft_coverage"] = coverage.summary()
             results[name].append(s)
             host = host_cost(s)[0]
             print(f"epoch {epoch} {name:14s} wall {s['wall_s']:7.2f}s  cpu {s['cpu_s']:7.2f}s  "
@@ -309,6 +318,8 @@ def main() -> None:
           "and prefill forwards included):")
     for name in names:
         print(f"{name:20s} " + "  ".join(f"{label}: {n:3d}" for label, n in results[name][-1]["forwards_by_rows"]))
+    if args.coverage:
+        print_coverage(results, names, args.epochs)
     ref = hf_generate(args, model, prompts)
     print(f"HF generate (batched sampling): wall {ref['wall_s']:.2f}s  {ref['tokens_per_s']:.1f} tok/s")
     if "none" in names:  # HF generate runs no tools: compare with `none` under the same terms
@@ -392,6 +403,20 @@ def embedded_rollout(drafter=None, **o) -> dict:
     from srtcli.rollout.embedded import EmbeddedBackend
 
     return run_rollout(RolloutConfig(**o), EmbeddedBackend(o["device"], drafter))
+
+
+def print_coverage(results: dict, names: list[str], epochs: int) -> None:
+    """The last epoch's chains: draft tokens accepted per chain, and at their first and later
+    positions the chance a drafted token is accepted against the policy's mass on the tree
+    children it was drawn from (what the best proposal over them would get)."""
+    print(f"\nepoch {epochs} drafted chains, acceptance against coverage (bench/draft_coverage.py; tree drafts "
+          "not counted):")
+    for name in names:
+        c = results[name][-1].get("draft_coverage")
+        if c and c["chains"]:
+            print(f"{name:20s} chains {c['chains']:5d}  accepted/chain {c['accepted_per_chain']:.2f}  first token "
+                  f"{c['first_acceptance']:.3f} of {c['first_coverage']:.3f}  later {c['later_acceptance']:.3f} "
+                  f"of {c['later_coverage']:.3f}")
 
 
 def profiled(fn, o: dict, path: str) -> dict:
