@@ -3,7 +3,8 @@
 Every engine step each live row costs one `propose` and one `extend` (the tokens it kept). A
 drafter whose step grows with what the sequence already holds is paid again at every step of a
 long-CoT response. Here one sequence (a 256-token prompt, then `--lengths` generated tokens,
-noisy repeats of a few paths as bench/cache_scale.py makes them) is taken to each length, then
+noisy repeats of a few paths as bench/cache_scale.py makes them, each token with the policy's
+probability as the engine feeds it, so srt's draws by p-hat run) is taken to each length, then
 timed over `--steps` steps of propose(budget 8) + extend(3 tokens). `ngram-scan` is the `ngram`
 drafter's Python backward scan at every length (what it used at every length before it kept
 long sequences in an array; the same proposals). Printed: microseconds per row step. Not a test.
@@ -45,6 +46,8 @@ def per_step(drafter: Drafter, tokens: list[int], length: int, steps: int) -> fl
     drafter.begin(seq)
     out = tokens[256: 256 + length]
     seq.tokens += out
+    seq.logprobs += [-0.1] * length  # the policy's probabilities come with every generated token
+    seq.mask += [1] * length
     drafter.extend(seq, out)
     nxt = iter(range(256 + length, len(tokens), 3))
     drafter.propose(seq, 8)  # untimed: a drafter may set up per-sequence state on its first proposal

@@ -240,11 +240,14 @@ def sample_draft(streams: tuple, budget: int, min_prob: float,
     drawn with, and the distribution each was drawn from ({token: q}).
 
     With `stop`, where every child listed has a known probability (p-hat: what the policy gave
-    that token in the stored sequence the tree node points into), children are drawn by p-hat
-    and the rest of the mass, 1 - sum p-hat, ends the draft: the draft then carries one
-    distribution more than tokens, the (defective) q at the position after its last token, and
-    the verifier samples the token there from the residual (p - q)+. Children of p-hat 0 (tool
-    output) are never drafted. Where the policy is what wrote the tree, p-hat is close to p, so
+    that token in the stored sequence the tree node points into), children are drawn by p-hat;
+    the other streams' draft trees, walked along the same tokens, offer their children with a
+    known p-hat that are not listed yet for the rest of the mass, 1 - sum p-hat (scaled down
+    together if they would take more; a tree off the drawn path drops out, and the next one on
+    it leads), and what is still left ends the draft: the draft then carries one distribution
+    more than tokens, the (defective) q at the position after its last token, and the verifier
+    samples the token there from the residual (p - q)+. Children of p-hat 0 (tool output) are
+    never drafted. Where the policy is what wrote the tree, p-hat is close to p, so
     drafted tokens are nearly always accepted and a draft stops where it would have been
     rejected: fewer verified tokens wasted, the same output distribution."""
     return _stree.sample_draft(tuple(s.core for s in streams), budget, min_prob, random, stop)

@@ -185,51 +185,105 @@ static Py_ssize_t draw(PyObject *random, const double *cum, Py_ssize_t nk, doubl
     return lo;
 }
 
-/* {token: weight / total} over the nk children in kid. */
-static PyObject *child_dist(const DTree *d, const int32_t *kid, const double *w, Py_ssize_t nk, double total) {
+/* {token: weight / total} over the nk tokens offered. */
+static PyObject *token_dist(const int32_t *tok, const double *w, Py_ssize_t nk, double total) {
     PyObject *dist = PyDict_New();
     for (Py_ssize_t j = 0; dist && j < nk; j++) {
-        PyObject *k = PyLong_FromLong(d->tok[kid[j]]), *q = PyFloat_FromDouble(w[j] / total);
+        PyObject *k = PyLong_FromLong(tok[j]), *q = PyFloat_FromDouble(w[j] / total);
         if (!k || !q || PyDict_SetItem(dist, k, q) < 0) Py_CLEAR(dist);
         Py_XDECREF(k); Py_XDECREF(q);
     }
     return dist;
 }
 
-/* Walk the stream's draft tree of 4 x budget nodes from the root, sampling each child. */
-static PyObject *sample_walk(const Stream *s, Py_ssize_t budget, double min_prob, int stop, PyObject *random) {
-    DTree d = {0};
-    int32_t v = 0, *kid = NULL;
+/* The child of `node` in d holding token x, or -1. */
+static Py_ssize_t child_with(const DTree *d, Py_ssize_t node, int32_t x) {
+    for (Py_ssize_t c = node + 1; c < d->n; c++)
+        if (d->par[c] == node && d->tok[c] == x) return c;
+    return -1;
+}
+
+#define WALK_TREES 4 /* streams a row drafts from at most: its prompt's tree and the run-wide one */
+
+/* With `stop`, the mass `rest` the leading tree's p-hats leave goes to the other trees still on
+ * the drawn path: their children at their nodes with a known p-hat > 0 and a token not offered
+ * yet, by p-hat, scaled down together if they would pass `rest`. Appended to tok/w/cum. */
+static Py_ssize_t offer_rest(const DTree *d, const Py_ssize_t *node, const int *on, Py_ssize_t nt,
+                             Py_ssize_t lead, int32_t *tok, double *w, double *cum, Py_ssize_t nk, double rest) {
+    Py_ssize_t first = nk;
+    double sum = 0.0;
+    for (Py_ssize_t i = 0; i < nt; i++) {
+        if (i == lead || !on[i]) continue;
+        for (Py_ssize_t c = node[i] + 1; c < d[i].n; c++) {
+            if (d[i].par[c] != node[i] || !(d[i].ph[c] > 0.0f)) continue; /* NaN fails too */
+            Py_ssize_t k = 0;
+            while (k < nk && tok[k] != d[i].tok[c]) k++;
+            if (k < nk) continue;
+            tok[nk] = d[i].tok[c]; w[nk] = d[i].ph[c]; sum += w[nk]; nk++;
+        }
+    }
+    double scale = sum > rest ? rest / sum : 1.0;
+    for (Py_ssize_t k = first; k < nk; k++) { w[k] *= scale; cum[k] = cum[k - 1] + w[k]; }
+    return nk;
+}
+
+/* Walk draft trees of 4 x budget nodes from their roots, sampling each token: the picked
+ * stream's tree (tree 0) leads; with `stop`, the row's other streams' trees (in order) are
+ * walked along the same tokens, offer their children for the mass tree 0's p-hats leave, and
+ * lead once tree 0 is off the drawn path or has no children there. */
+static PyObject *sample_walk(PyObject *streams, Py_ssize_t pick, Py_ssize_t budget, double min_prob, int stop,
+                             PyObject *random) {
+    Py_ssize_t nt = stop ? PyTuple_GET_SIZE(streams) : 1, room = 1, built = 0;
+    if (nt > WALK_TREES) nt = WALK_TREES;
+    DTree d[WALK_TREES];
+    Py_ssize_t node[WALK_TREES];
+    int on[WALK_TREES];
+    int32_t *kid = NULL, *tok = NULL;
     double *cum = NULL, *w = NULL;
     PyObject *toks = PyList_New(0), *qs = PyList_New(0), *dists = PyList_New(0);
-    Py_ssize_t m = st_stream_locus(s, 4 * budget, &v);
-    if (!toks || !qs || !dists || dtree_build(s->tree, v, m, 4 * budget, min_prob, &d) < 0) goto fail;
-    kid = PyMem_RawMalloc(sizeof(int32_t) * (size_t)(d.n + 1));
-    cum = PyMem_RawMalloc(sizeof(double) * (size_t)(d.n + 1));
-    w = PyMem_RawMalloc(sizeof(double) * (size_t)(d.n + 1));
-    if (!kid || !cum || !w) { PyErr_NoMemory(); goto fail; }
-    for (Py_ssize_t node = -1, got = 0; got < budget; got++) {
-        int by_p;
-        Py_ssize_t nk = children(&d, node, stop, kid, w, cum, &by_p);
+    if (!toks || !qs || !dists) goto fail;
+    for (; built < nt; built++) {
+        Py_ssize_t at = built == 0 ? pick : (built - 1 < pick ? built - 1 : built);
+        const Stream *s = (const Stream *)PyTuple_GET_ITEM(streams, at);
+        int32_t v = 0;
+        Py_ssize_t m = st_stream_locus(s, 4 * budget, &v);
+        node[built] = -1; on[built] = 1;
+        if (dtree_build(s->tree, v, m, 4 * budget, min_prob, &d[built]) < 0) { built++; goto fail; }
+        room += d[built].n;
+    }
+    kid = PyMem_RawMalloc(sizeof(int32_t) * (size_t)room);
+    tok = PyMem_RawMalloc(sizeof(int32_t) * (size_t)room);
+    cum = PyMem_RawMalloc(sizeof(double) * (size_t)room);
+    w = PyMem_RawMalloc(sizeof(double) * (size_t)room);
+    if (!kid || !tok || !cum || !w) { PyErr_NoMemory(); goto fail; }
+    for (Py_ssize_t got = 0; got < budget; got++) {
+        Py_ssize_t nk = 0, lead = 0;
+        int by_p = 0;
+        for (; lead < nt; lead++) /* the first tree on the path with children there leads */
+            if (on[lead] && (nk = children(&d[lead], node[lead], stop, kid, w, cum, &by_p)) > 0) break;
         if (nk == 0) break;
-        double total = by_p && cum[nk - 1] < 1.0 ? 1.0 : cum[nk - 1]; /* 1 - sum p-hat: stop */
+        for (Py_ssize_t j = 0; j < nk; j++) tok[j] = d[lead].tok[kid[j]];
+        if (by_p && cum[nk - 1] < 1.0) nk = offer_rest(d, node, on, nt, lead, tok, w, cum, nk, 1.0 - cum[nk - 1]);
+        double total = by_p && cum[nk - 1] < 1.0 ? 1.0 : cum[nk - 1]; /* 1 - the sum: stop */
         Py_ssize_t j = draw(random, cum, nk, total);
         if (j < 0) goto fail;
-        PyObject *dist = child_dist(&d, kid, w, nk, total);
+        PyObject *dist = token_dist(tok, w, nk, total);
         if (!dist || PyList_Append(dists, dist) < 0) { Py_XDECREF(dist); goto fail; }
         Py_DECREF(dist);
         if (j == nk) break; /* drew the stop: the dist above is the last, with no token */
-        Py_ssize_t c = kid[j];
-        PyObject *tk = PyLong_FromLong(d.tok[c]), *q = PyFloat_FromDouble(w[j] / total);
+        PyObject *tk = PyLong_FromLong(tok[j]), *q = PyFloat_FromDouble(w[j] / total);
         int bad = !tk || !q || PyList_Append(toks, tk) < 0 || PyList_Append(qs, q) < 0;
         Py_XDECREF(tk); Py_XDECREF(q);
         if (bad) goto fail;
-        node = c;
+        for (Py_ssize_t i = 0; i < nt; i++) /* every tree on the path follows the token or leaves it */
+            if (on[i]) on[i] = (node[i] = child_with(&d[i], node[i], tok[j])) >= 0;
     }
-    dtree_free(&d); PyMem_RawFree(kid); PyMem_RawFree(cum); PyMem_RawFree(w);
+    for (Py_ssize_t i = 0; i < built; i++) dtree_free(&d[i]);
+    PyMem_RawFree(kid); PyMem_RawFree(tok); PyMem_RawFree(cum); PyMem_RawFree(w);
     return Py_BuildValue("(NNN)", toks, qs, dists);
 fail:
-    dtree_free(&d); PyMem_RawFree(kid); PyMem_RawFree(cum); PyMem_RawFree(w);
+    for (Py_ssize_t i = 0; i < built; i++) dtree_free(&d[i]);
+    PyMem_RawFree(kid); PyMem_RawFree(tok); PyMem_RawFree(cum); PyMem_RawFree(w);
     Py_XDECREF(toks); Py_XDECREF(qs); Py_XDECREF(dists);
     return NULL;
 }
@@ -238,9 +292,10 @@ fail:
  * pick for this row drafts; its draft tree of 4 x budget nodes is walked from the root, each
  * child drawn in proportion to its frequency among its siblings with `random()` (Python's
  * random.choices rule), for at most `budget` tokens. With `stop`, a node whose children all
- * have a known p-hat draws them by p-hat instead, and the mass 1 - sum p-hat (if positive)
- * ends the draft. Returns (tokens, q of each, the distribution each was drawn from as
- * {token: q}); a draft that ended by drawing the stop has one distribution more than tokens. */
+ * have a known p-hat draws them by p-hat instead, the row's other streams' draft trees offer
+ * theirs for the mass those leave (`offer_rest`), and what is still left ends the draft.
+ * Returns (tokens, q of each, the distribution each was drawn from as {token: q}); a draft
+ * that ended by drawing the stop has one distribution more than tokens. */
 PyObject *st_sample_draft(PyObject *self, PyObject *args) {
     PyObject *streams, *random, *out = NULL;
     Py_ssize_t budget, n;
@@ -260,7 +315,7 @@ PyObject *st_sample_draft(PyObject *self, PyObject *args) {
     double *probs = PyMem_RawMalloc(sizeof(double) * 2 * (size_t)budget);
     if (!toks || !probs) { PyErr_NoMemory(); goto done; }
     Py_ssize_t j = st_best_stream(streams, budget, min_prob, toks, probs, &n);
-    out = sample_walk((const Stream *)PyTuple_GET_ITEM(streams, j), budget, min_prob, stop, random);
+    out = sample_walk(streams, j, budget, min_prob, stop, random);
 done:
     PyMem_RawFree(toks); PyMem_RawFree(probs);
     return out;

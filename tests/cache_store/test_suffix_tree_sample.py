@@ -3,9 +3,10 @@ Python walk it replaces: the stream `best_draft` picks, its draft tree of 4 x bu
 each child drawn with `random.choices` over the children the tree lists. Same tokens, same q,
 same distributions, the same number of draws from the generator; bad arguments refused.
 
-With `stop`, children are drawn by the probability stored with their token (p-hat) and the
-mass left over ends the draft; the reference walk reads p-hat from the rule the sequences were
-stored with (a function of the token and the one before it, so every occurrence agrees)."""
+With `stop`, children are drawn by the probability stored with their token (p-hat), the row's
+other streams offer their children for the mass left over, and what is still left ends the
+draft; the reference walk reads p-hat from the rule the sequences were stored with (a function
+of the token and the one before it, so every occurrence agrees)."""
 
 from __future__ import annotations
 
@@ -50,30 +51,56 @@ def probs_of(tokens: list[int]) -> list[float]:
     return [math.nan] + [p_hat(a, b) for a, b in zip(tokens, tokens[1:])]
 
 
-def stop_reference(streams, last, budget, min_prob, rng):
-    """The stop walk in Python: children by p-hat (those of p-hat 0 left out), normalised only
-    when they sum past 1; a draw past them is the stop."""
+def stop_reference(streams, last, budget, min_prob, rng, others=True):
+    """The stop walk in Python: the picked stream's draft tree leads, its children drawn by p-hat
+    (those of p-hat 0 left out); the other streams' draft trees, walked along the same tokens,
+    offer their children not offered yet for the mass the leader leaves, scaled down together
+    if they would pass it; a draw past them all is the stop. A tree off the drawn path drops
+    out, and the next one on it leads. `others=False`: the picked stream's tree alone."""
     stream, _ = best_draft(streams, budget, min_prob)
-    dt = stream.draft_tree(budget=4 * budget, min_prob=min_prob)
-    kids = {}
-    for i, par in enumerate(dt.parents):
-        kids.setdefault(par, []).append(i)
-    toks, qs, dists, node, prev = [], [], [], -1, last
-    while len(toks) < budget and node in kids:
-        idx = [i for i in kids[node] if p_hat(prev, dt.tokens[i]) > 0]
-        if not idx:
+    trees = [s.draft_tree(budget=4 * budget, min_prob=min_prob) for s in
+             [stream] + [s for s in streams if s is not stream and others]]
+    kids = [{} for _ in trees]
+    for t, k in zip(trees, kids):
+        for i, par in enumerate(t.parents):
+            k.setdefault(par, []).append(i)
+    node, on = [-1] * len(trees), [True] * len(trees)
+
+    def offered(i, prev):
+        return [c for c in kids[i].get(node[i], []) if p_hat(prev, trees[i].tokens[c]) > 0] if on[i] else []
+
+    toks, qs, dists, prev = [], [], [], last
+    while len(toks) < budget:
+        lead = next((i for i in range(len(trees)) if offered(i, prev)), None)
+        if lead is None:
             break
-        w = [p_hat(prev, dt.tokens[i]) for i in idx]
+        tokens = [trees[lead].tokens[c] for c in offered(lead, prev)]
+        w = [p_hat(prev, t) for t in tokens]
         cum = list(accumulate(w))
+        if cum[-1] < 1.0:
+            rest, first, extra = 1.0 - cum[-1], len(w), 0.0
+            for i in range(len(trees)):
+                for c in (offered(i, prev) if i != lead else []):
+                    if trees[i].tokens[c] not in tokens:
+                        tokens.append(trees[i].tokens[c])
+                        w.append(p_hat(prev, trees[i].tokens[c]))
+                        extra += w[-1]
+            scale = rest / extra if extra > rest else 1.0
+            for k in range(first, len(w)):
+                w[k] *= scale
+                cum.append(cum[k - 1] + w[k])
         total = max(cum[-1], 1.0)
-        dists.append({dt.tokens[i]: x / total for i, x in zip(idx, w)})
+        dists.append({t: x / total for t, x in zip(tokens, w)})
         j = bisect_right(cum, rng.random() * total)
-        if j == len(idx) and total > cum[-1]:
+        if j == len(tokens) and total > cum[-1]:
             break
-        j = min(j, len(idx) - 1)
-        node, prev = idx[j], dt.tokens[idx[j]]
+        j = min(j, len(tokens) - 1)
+        prev = tokens[j]
         toks.append(prev)
         qs.append(w[j] / total)
+        for i, t in enumerate(trees):
+            nxt = [c for c in kids[i].get(node[i], []) if t.tokens[c] == prev] if on[i] else []
+            on[i], node[i] = bool(nxt), (nxt[0] if nxt else -1)
     return toks, qs, dists
 
 
@@ -109,7 +136,7 @@ def test_sample_draft_is_the_python_walk():
 
 def test_stop_draws_children_by_their_stored_probability_and_the_rest_stops():
     rng = random.Random(5)
-    stops = 0
+    stops = widened = 0
     for case in range(300):
         row, tokens = build_streams(rng, True)
         budget, min_prob = rng.randint(1, 8), rng.choice([0.0, 0.1, 0.3])
@@ -118,7 +145,9 @@ def test_stop_draws_children_by_their_stored_probability_and_the_rest_stops():
         assert got == stop_reference(row, tokens[-1], budget, min_prob, b)
         assert a.random() == b.random()
         stops += len(got[2]) > len(got[0])
+        widened += got != stop_reference(row, tokens[-1], budget, min_prob, random.Random(case), others=False)
     assert stops > 30  # the stop is drawn, not just possible
+    assert widened > 30  # the other stream's children are offered, not just possible
 
 
 def test_stop_falls_back_to_counts_where_a_childs_probability_is_unknown():
@@ -135,6 +164,27 @@ def test_stop_falls_back_to_counts_where_a_childs_probability_is_unknown():
     row[0].extend([5])
     [dist] = sample_draft(row, 1, 0.0, random.Random(0).random, stop=True)[2]
     assert dist == {1: pytest.approx(0.25, abs=1 / 508), 3: 0.5}  # p-hat, kept in one byte
+
+
+def test_the_other_streams_fill_the_mass_the_picked_one_leaves():
+    own, shared = SuffixTree(16), SuffixTree(16)
+    own.add([5, 1, 2, 3], 4.0, [math.nan, 0.25, 0.5, 0.5])  # picked: the longer, surer draft
+    shared.add([5, 3], 1.0, [math.nan, 0.5])
+    shared.add([5, 7], 1.0, [math.nan, 0.5])
+    row = (own.stream(), shared.stream())
+    for s in row:
+        s.extend([5])
+    [dist] = sample_draft(row, 1, 0.0, random.Random(0).random, stop=True)[2]
+    # 1 keeps its p-hat; 3 and 7 (0.5 each) share the 0.75 left, scaled to fit
+    assert dist == pytest.approx({1: 0.25, 3: 0.375, 7: 0.375}, abs=1 / 254)  # p-hat kept in one byte
+    draws = Counter()
+    rng = random.Random(1)
+    for _ in range(2000):
+        toks, _, dists = sample_draft(row, 3, 0.0, rng.random, stop=True)
+        draws[toks[0]] += 1
+        if toks[0] == 7:  # off the picked tree: the run-wide one leads, and it ends there
+            assert toks == [7] and len(dists) == 1
+    assert set(draws) == {1, 3, 7}
 
 
 def test_the_first_token_follows_the_trees_child_frequencies():

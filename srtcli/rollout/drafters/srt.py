@@ -15,7 +15,9 @@ Three exact ways to draft (see `srtcli.rollout.engine.verify`, `srtcli.rollout.e
   (p-hat, recorded with each token it stores), children are drawn by p-hat instead and the
   mass left over ends the draft: a draft stops where it would likely have been rejected, so
   fewer verified tokens are wasted (the verifier then samples the next token from the
-  residual, which keeps the output distribution exact).
+  residual, which keeps the output distribution exact). The other stream's tree offers its
+  own children for that leftover mass first (followed along the same tokens), so a draft
+  stops only where neither tree lists what the policy may say.
 - `mode="tree"`: the best-first draft tree itself (`SuffixTree.draft_tree`, `budget` nodes),
   verified as a tree: several candidates per position in one forward.
 bench/rollout_bench.py measures both (`srt` = sample, `srt-greedy`); sampling accepted more
