@@ -203,7 +203,7 @@ static Py_ssize_t child_with(const DTree *d, Py_ssize_t node, int32_t x) {
     return -1;
 }
 
-#define WALK_TREES 4 /* streams a row drafts from at most: its prompt's tree and the run-wide one */
+#define WALK_TREES 4 /* streams walked at most (a row has two: its prompt's tree and the run-wide one) */
 
 /* With `stop`, the mass `rest` the leading tree's p-hats leave goes to the other trees still on
  * the drawn path: their children at their nodes with a known p-hat > 0 and a token not offered

@@ -18,8 +18,9 @@ Three exact ways to draft (see `srtcli.rollout.engine.verify`, `srtcli.rollout.e
   residual, which keeps the output distribution exact). The other stream's tree offers its
   own children for that leftover mass first (followed along the same tokens), so a draft
   stops only where neither tree lists what the policy may say.
-- `mode="tree"`: the best-first draft tree itself (`SuffixTree.draft_tree`, `budget` nodes),
-  verified as a tree: several candidates per position in one forward.
+- `mode="tree"`: the best-first draft trees of both streams merged by path score
+  (`merged_tree`, `budget` nodes), verified as a tree: several candidates per position in one
+  forward.
 bench/rollout_bench.py measures both (`srt` = sample, `srt-greedy`); sampling accepted more
 tokens per forward on the bundled workload, so it is the default.
 """
@@ -31,7 +32,7 @@ import random
 from typing import Any
 
 from cache_store.seqload import LOAD_TOKENS
-from cache_store.suffix_tree import Draft, SuffixStream, sample_draft
+from cache_store.suffix_tree import Draft, DraftTree, SuffixStream, sample_draft
 from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.group_trees import GroupTrees
 
@@ -60,6 +61,33 @@ def best_draft(streams: tuple, budget: int, min_prob: float) -> tuple[SuffixStre
         if expected_length(d.probs) > expected_length(best.probs):
             own, best = other, d
     return own, best
+
+
+def merged_tree(trees: list[DraftTree], nodes: int) -> tuple[list[int], list[int]]:
+    """A row's draft trees (one per stream) as one tree of at most `nodes` nodes: every node of
+    every tree in order of its path score (the product of C along its path; ties: the earlier
+    tree, then the earlier node), a path already taken kept once. A node's score is at most
+    its parent's, so parents come first. Returns (tokens, parents), -1 for the root's children.
+    Where only one tree lists the policy's token, the merged tree still verifies it."""
+    ranked = []
+    for k, tree in enumerate(trees):
+        paths: list[tuple] = []
+        scores: list[float] = []
+        for i, (tok, par, c) in enumerate(zip(tree.tokens, tree.parents, tree.probs)):
+            paths.append((paths[par] if par >= 0 else ()) + (tok,))
+            scores.append((scores[par] if par >= 0 else 1.0) * c)
+            ranked.append((-scores[i], k, i, paths[i]))
+    ranked.sort()
+    at: dict[tuple, int] = {}
+    tokens, parents = [], []
+    for *_, path in ranked:
+        if len(tokens) == nodes:
+            break
+        if path not in at:
+            at[path] = len(tokens)
+            tokens.append(path[-1])
+            parents.append(at.get(path[:-1], -1))
+    return tokens, parents
 
 
 class SrtDrafter(Drafter):
@@ -99,11 +127,15 @@ class SrtDrafter(Drafter):
         return Proposal(best_draft(seq.drafter_state, budget, self.min_prob)[1].tokens)
 
     def propose_tree(self, seq: Any, nodes: int) -> Proposal:
-        """The best-first draft tree of the tree `best_draft` picks (`mode="tree"`, and the
-        engine's tail trees in every mode)."""
-        stream, _ = best_draft(seq.drafter_state, nodes, self.min_prob)
-        dt = stream.draft_tree(budget=nodes, min_prob=self.min_prob)
-        return Proposal(dt.tokens, parents=dt.parents)
+        """The best-first draft trees of the row's streams (its prompt's tree and the run-wide
+        one) merged into one of `nodes` nodes, the stream `best_draft` picks first: it wins
+        ties, which a chain of only children (C = 1) makes common (`merged_tree`;
+        `mode="tree"`, and the engine's tail trees in every mode)."""
+        picked, _ = best_draft(seq.drafter_state, nodes, self.min_prob)
+        streams = [picked] + [s for s in seq.drafter_state if s is not picked]
+        trees = [s.draft_tree(budget=nodes, min_prob=self.min_prob) for s in streams]
+        tokens, parents = merged_tree(trees, nodes)
+        return Proposal(tokens, parents=parents)
 
     def extend(self, seq: Any, tokens: list[int]) -> None:
         self._feed(seq, tokens)
