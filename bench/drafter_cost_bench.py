@@ -7,7 +7,9 @@ noisy repeats of a few paths as bench/cache_scale.py makes them, each token with
 probability as the engine feeds it, so srt's draws by p-hat run) is taken to each length, then
 timed over `--steps` steps of propose(budget 8) + extend(3 tokens). `ngram-scan` is the `ngram`
 drafter's Python backward scan at every length (what it used at every length before it kept
-long sequences in an array; the same proposals). Printed: microseconds per row step. Not a test.
+long sequences in an array; the same proposals). `srt-treeN` asks srt for its draft tree of N
+nodes (a tail tree: both streams' trees merged) instead of its chain. Printed: microseconds per
+row step. Not a test.
 
     .venv/bin/python bench/drafter_cost_bench.py --lengths 1000,4000,16000
 """
@@ -40,6 +42,34 @@ class ScanNgram(Drafter):
         return Proposal(seq.tokens[i + 1: i + 1 + budget] if n else [])
 
 
+class TreeSrt(Drafter):
+    """The srt drafter asked for its draft tree of `nodes` nodes (a tail tree) at every step."""
+
+    def __init__(self, nodes: int):
+        self.srt, self.nodes = make_drafter("srt"), nodes
+        self.name = f"srt-tree{nodes}"
+
+    def begin(self, seq) -> None:
+        self.srt.begin(seq)
+
+    def propose(self, seq, budget: int) -> Proposal:
+        return self.srt.propose_tree(seq, self.nodes)
+
+    def extend(self, seq, tokens: list[int]) -> None:
+        self.srt.extend(seq, tokens)
+
+    def end(self, seq) -> None:
+        self.srt.end(seq)
+
+
+def make(name: str) -> Drafter:
+    if name == "ngram-scan":
+        return ScanNgram()
+    if name.startswith("srt-tree"):
+        return TreeSrt(int(name[len("srt-tree"):]))
+    return make_drafter(name)
+
+
 def per_step(drafter: Drafter, tokens: list[int], length: int, steps: int) -> float:
     """Microseconds per propose + extend once the sequence holds `length` generated tokens."""
     seq = Sequence(tokens[:256], 1 << 30, group="g")
@@ -69,7 +99,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="1000,4000,16000")
     ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--drafters", default="ngram-scan,ngram,suffix,srt")
+    ap.add_argument("--drafters", default="ngram-scan,ngram,suffix,srt",
+                    help="also srt-treeN: srt's draft tree of N nodes (a tail tree) instead of its chain")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
     rng = np.random.default_rng(0)
@@ -80,7 +111,7 @@ def main() -> None:
     for name in args.drafters.split(","):
         row = []
         for n in lengths:
-            d = ScanNgram() if name == "ngram-scan" else make_drafter(name)
+            d = make(name)
             row.append(per_step(d, tokens, n, args.steps))
         print(f"{name:12s}" + "".join(f"{us:12.1f}" for us in row))
 
