@@ -71,22 +71,24 @@ def merged_tree(trees: list[DraftTree], nodes: int) -> tuple[list[int], list[int
     Where only one tree lists the policy's token, the merged tree still verifies it."""
     ranked = []
     for k, tree in enumerate(trees):
-        paths: list[tuple] = []
         scores: list[float] = []
-        for i, (tok, par, c) in enumerate(zip(tree.tokens, tree.parents, tree.probs)):
-            paths.append((paths[par] if par >= 0 else ()) + (tok,))
+        for i, (par, c) in enumerate(zip(tree.parents, tree.probs)):
             scores.append((scores[par] if par >= 0 else 1.0) * c)
-            ranked.append((-scores[i], k, i, paths[i]))
+            ranked.append((-scores[i], k, i))
     ranked.sort()
-    at: dict[tuple, int] = {}
+    merged = [[-1] * len(tree.tokens) for tree in trees]  # the merged node each node became
+    at: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node: one per path
     tokens, parents = [], []
-    for *_, path in ranked:
-        if len(tokens) == nodes:
-            break
-        if path not in at:
-            at[path] = len(tokens)
-            tokens.append(path[-1])
-            parents.append(at.get(path[:-1], -1))
+    for _, k, i in ranked:
+        par = trees[k].parents[i]
+        key = (merged[k][par] if par >= 0 else -1, trees[k].tokens[i])
+        if key not in at:
+            if len(tokens) == nodes:
+                break
+            at[key] = len(tokens)
+            tokens.append(key[1])
+            parents.append(key[0])
+        merged[k][i] = at[key]
     return tokens, parents
 
 
