@@ -13,7 +13,7 @@ from setuptools import Extension, setup
 flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
 threads = [] if sys.platform == "win32" else ["-pthread"]  # the suffix tree's batched calls start threads
 sources = [f"cache_store/csrc/{name}.c" for name in ("module", "nodes", "draft", "bytes")]
-stree_sources = [f"cache_store/csrc/stree_{name}.c" for name in ("module", "nodes", "flight", "insert", "draft", "dtree", "batch", "parallel")]
+stree_sources = [f"cache_store/csrc/stree_{name}.c" for name in ("module", "nodes", "flight", "insert", "draft", "dtree", "merge", "batch", "parallel")]
 
 setup(
     ext_modules=[

@@ -17,7 +17,7 @@ For an engine step over many rows there are two batched calls, `feed_many` and `
 one C call for all rows instead of a Python loop over them, its tree work without the GIL and
 on several threads if asked (trees and drafts come out the same for any number of them).
 `sample_draft` samples one row's draft from its tree in one call (the embedded engine's default
-drafts).
+drafts); `merged_draft` gives one row's draft trees as one (the engine's tail trees).
 
 Sequences come in two kinds: finished ones (`add(tokens, weight)`, e.g. loaded from a store,
 weight = their decay) and live ones (`stream()`, weight 1, extended token by token or in
@@ -251,3 +251,14 @@ def sample_draft(streams: tuple, budget: int, min_prob: float,
     drafted tokens are nearly always accepted and a draft stops where it would have been
     rejected: fewer verified tokens wasted, the same output distribution."""
     return _stree.sample_draft(tuple(s.core for s in streams), budget, min_prob, random, stop)
+
+
+def merged_draft(streams: tuple, nodes: int, min_prob: float) -> tuple[list[int], list[int]]:
+    """One draft tree of at most `nodes` nodes from a sequence's streams (a tuple of
+    `SuffixStream`): each stream's best-first draft tree of `nodes` nodes (`draft_tree`), the
+    stream `draft_many` would draft from first, then the others in order, merged by path score
+    (the product of C along the path; ties: the earlier tree, then the earlier node), a path
+    already taken kept once; parents come before children. Where only one tree lists the
+    policy's next token, the merged tree still offers it. Returns (tokens, parents), -1 for the
+    root's children."""
+    return _stree.merged_draft(tuple(s.core for s in streams), nodes, min_prob)

@@ -183,6 +183,12 @@ Py_ssize_t st_draft_path(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t bud
                          int32_t *toks, double *probs);
 PyObject *st_draft(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob);
 PyObject *st_draft_tree(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob);
+/* A draft tree in arrays: node i has token tok[i], parent par[i] (-1: the root's child; parents
+ * come first), child frequency c[i] and p-hat ph[i] (the policy's probability of the token in
+ * the stored sequence the node points into; NaN: unknown). */
+typedef struct { int32_t *tok, *par; double *c; float *ph; Py_ssize_t n; } DTree;
+int st_dtree_build(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob, DTree *d);
+void st_dtree_free(DTree *d);
 Py_ssize_t st_stream_match(const STree *t, int32_t s, Py_ssize_t cap, int32_t *node);
 Py_ssize_t st_match_cap(const STree *t, Py_ssize_t budget);
 Py_ssize_t st_match(const STree *t, const int32_t *ctx, Py_ssize_t k, Py_ssize_t cap, int32_t *node);
@@ -201,5 +207,12 @@ int st_is_streams(PyObject *o);
 Py_ssize_t st_best_stream(PyObject *streams, Py_ssize_t room, double min_prob, int32_t *toks, double *probs,
                           Py_ssize_t *n);
 PyObject *st_sample_draft(PyObject *self, PyObject *args);
+/* A row's streams in the order its drafts use them: the picked one first, then the others. */
+static inline const Stream *st_picked_first(PyObject *streams, Py_ssize_t pick, Py_ssize_t k) {
+    return (const Stream *)PyTuple_GET_ITEM(streams, k == 0 ? pick : (k - 1 < pick ? k - 1 : k));
+}
+
+/* stree_merge.c: a row's draft trees as one */
+PyObject *st_merged_draft(PyObject *self, PyObject *args);
 
 #endif

@@ -88,17 +88,12 @@ static int push_children(const STree *t, int32_t v, int32_t d, double score, int
     return 0;
 }
 
-/* A draft tree in arrays: node i has token tok[i], parent par[i] (-1: the root's child; parents
- * come first), child frequency c[i] and p-hat ph[i] (the policy's probability of the token in
- * the stored sequence the node points into; NaN: unknown). */
-typedef struct { int32_t *tok, *par; double *c; float *ph; Py_ssize_t n; } DTree;
-
-static void dtree_free(DTree *d) {
+void st_dtree_free(DTree *d) {
     PyMem_RawFree(d->tok); PyMem_RawFree(d->par); PyMem_RawFree(d->c); PyMem_RawFree(d->ph);
 }
 
 /* The best-first draft tree from locus (v, m), at most `budget` nodes; m = 0: nothing matched. */
-static int dtree_build(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob, DTree *d) {
+int st_dtree_build(const STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob, DTree *d) {
     Queue q = {0};
     int rc = -1;
     d->n = 0;
@@ -126,7 +121,7 @@ done:
 PyObject *st_draft_tree(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, double min_prob) {
     DTree d;
     PyObject *toks = NULL, *pars = NULL, *probs = NULL;
-    if (dtree_build(t, v, m, budget, min_prob, &d) < 0) goto fail;
+    if (st_dtree_build(t, v, m, budget, min_prob, &d) < 0) goto fail;
     toks = PyList_New(d.n); pars = PyList_New(d.n); probs = PyList_New(d.n);
     if (!toks || !pars || !probs) goto fail;
     for (Py_ssize_t i = 0; i < d.n; i++) {
@@ -134,10 +129,10 @@ PyObject *st_draft_tree(STree *t, int32_t v, Py_ssize_t m, Py_ssize_t budget, do
         if (!a || !b || !c) { Py_XDECREF(a); Py_XDECREF(b); Py_XDECREF(c); goto fail; }
         PyList_SET_ITEM(toks, i, a); PyList_SET_ITEM(pars, i, b); PyList_SET_ITEM(probs, i, c);
     }
-    dtree_free(&d);
+    st_dtree_free(&d);
     return Py_BuildValue("(NNNn)", toks, pars, probs, m);
 fail:
-    dtree_free(&d);
+    st_dtree_free(&d);
     Py_XDECREF(toks); Py_XDECREF(pars); Py_XDECREF(probs);
     return NULL;
 }
@@ -243,12 +238,11 @@ static PyObject *sample_walk(PyObject *streams, Py_ssize_t pick, Py_ssize_t budg
     PyObject *toks = PyList_New(0), *qs = PyList_New(0), *dists = PyList_New(0);
     if (!toks || !qs || !dists) goto fail;
     for (; built < nt; built++) {
-        Py_ssize_t at = built == 0 ? pick : (built - 1 < pick ? built - 1 : built);
-        const Stream *s = (const Stream *)PyTuple_GET_ITEM(streams, at);
+        const Stream *s = st_picked_first(streams, pick, built);
         int32_t v = 0;
         Py_ssize_t m = st_stream_locus(s, 4 * budget, &v);
         node[built] = -1; on[built] = 1;
-        if (dtree_build(s->tree, v, m, 4 * budget, min_prob, &d[built]) < 0) { built++; goto fail; }
+        if (st_dtree_build(s->tree, v, m, 4 * budget, min_prob, &d[built]) < 0) { built++; goto fail; }
         room += d[built].n;
     }
     kid = PyMem_RawMalloc(sizeof(int32_t) * (size_t)room);
@@ -278,11 +272,11 @@ static PyObject *sample_walk(PyObject *streams, Py_ssize_t pick, Py_ssize_t budg
         for (Py_ssize_t i = 0; i < nt; i++) /* every tree on the path follows the token or leaves it */
             if (on[i]) on[i] = (node[i] = child_with(&d[i], node[i], tok[j])) >= 0;
     }
-    for (Py_ssize_t i = 0; i < built; i++) dtree_free(&d[i]);
+    for (Py_ssize_t i = 0; i < built; i++) st_dtree_free(&d[i]);
     PyMem_RawFree(kid); PyMem_RawFree(tok); PyMem_RawFree(cum); PyMem_RawFree(w);
     return Py_BuildValue("(NNN)", toks, qs, dists);
 fail:
-    for (Py_ssize_t i = 0; i < built; i++) dtree_free(&d[i]);
+    for (Py_ssize_t i = 0; i < built; i++) st_dtree_free(&d[i]);
     PyMem_RawFree(kid); PyMem_RawFree(tok); PyMem_RawFree(cum); PyMem_RawFree(w);
     Py_XDECREF(toks); Py_XDECREF(qs); Py_XDECREF(dists);
     return NULL;

@@ -433,6 +433,7 @@ static PyMethodDef module_methods[] = {
     {"draft_many", st_draft_many, METH_VARARGS, "draft_many(streams, rooms, min_prob, threads=1) -> drafts"},
     {"sample_draft", st_sample_draft, METH_VARARGS,
      "sample_draft(streams, budget, min_prob, random, stop=False) -> (tokens, qs, dists)"},
+    {"merged_draft", st_merged_draft, METH_VARARGS, "merged_draft(streams, nodes, min_prob) -> (tokens, parents)"},
     {NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stree", "Compiled core of cache_store.suffix_tree.", -1,

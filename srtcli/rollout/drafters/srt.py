@@ -19,7 +19,7 @@ Three exact ways to draft (see `srtcli.rollout.engine.verify`, `srtcli.rollout.e
   own children for that leftover mass first (followed along the same tokens), so a draft
   stops only where neither tree lists what the policy may say.
 - `mode="tree"`: the best-first draft trees of both streams merged by path score
-  (`merged_tree`, `budget` nodes), verified as a tree: several candidates per position in one
+  (`merged_draft`, `budget` nodes), verified as a tree: several candidates per position in one
   forward.
 bench/rollout_bench.py measures both (`srt` = sample, `srt-greedy`); sampling accepted more
 tokens per forward on the bundled workload, so it is the default.
@@ -32,7 +32,7 @@ import random
 from typing import Any
 
 from cache_store.seqload import LOAD_TOKENS
-from cache_store.suffix_tree import Draft, DraftTree, SuffixStream, sample_draft
+from cache_store.suffix_tree import Draft, SuffixStream, merged_draft, sample_draft
 from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.group_trees import GroupTrees
 
@@ -61,35 +61,6 @@ def best_draft(streams: tuple, budget: int, min_prob: float) -> tuple[SuffixStre
         if expected_length(d.probs) > expected_length(best.probs):
             own, best = other, d
     return own, best
-
-
-def merged_tree(trees: list[DraftTree], nodes: int) -> tuple[list[int], list[int]]:
-    """A row's draft trees (one per stream) as one tree of at most `nodes` nodes: every node of
-    every tree in order of its path score (the product of C along its path; ties: the earlier
-    tree, then the earlier node), a path already taken kept once. A node's score is at most
-    its parent's, so parents come first. Returns (tokens, parents), -1 for the root's children.
-    Where only one tree lists the policy's token, the merged tree still verifies it."""
-    ranked = []
-    for k, tree in enumerate(trees):
-        scores: list[float] = []
-        for i, (par, c) in enumerate(zip(tree.parents, tree.probs)):
-            scores.append((scores[par] if par >= 0 else 1.0) * c)
-            ranked.append((-scores[i], k, i))
-    ranked.sort()
-    merged = [[-1] * len(tree.tokens) for tree in trees]  # the merged node each node became
-    at: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node: one per path
-    tokens, parents = [], []
-    for _, k, i in ranked:
-        par = trees[k].parents[i]
-        key = (merged[k][par] if par >= 0 else -1, trees[k].tokens[i])
-        if key not in at:
-            if len(tokens) == nodes:
-                break
-            at[key] = len(tokens)
-            tokens.append(key[1])
-            parents.append(key[0])
-        merged[k][i] = at[key]
-    return tokens, parents
 
 
 class SrtDrafter(Drafter):
@@ -131,12 +102,9 @@ class SrtDrafter(Drafter):
     def propose_tree(self, seq: Any, nodes: int) -> Proposal:
         """The best-first draft trees of the row's streams (its prompt's tree and the run-wide
         one) merged into one of `nodes` nodes, the stream `best_draft` picks first: it wins
-        ties, which a chain of only children (C = 1) makes common (`merged_tree`;
-        `mode="tree"`, and the engine's tail trees in every mode)."""
-        picked, _ = best_draft(seq.drafter_state, nodes, self.min_prob)
-        streams = [picked] + [s for s in seq.drafter_state if s is not picked]
-        trees = [s.draft_tree(budget=nodes, min_prob=self.min_prob) for s in streams]
-        tokens, parents = merged_tree(trees, nodes)
+        ties, which a chain of only children (C = 1) makes common (`merged_draft`, one
+        compiled call; `mode="tree"`, and the engine's tail trees in every mode)."""
+        tokens, parents = merged_draft(seq.drafter_state, nodes, self.min_prob)
         return Proposal(tokens, parents=parents)
 
     def extend(self, seq: Any, tokens: list[int]) -> None:
