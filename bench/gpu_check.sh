@@ -7,7 +7,7 @@
 #      builds the token tree's C core in place (the image has torch, transformers, click, rich,
 #      pytest, hypothesis);
 #   2. runs the engine's exactness tests on CUDA (SRT_TEST_DEVICE=cuda: greedy identity for every
-#      drafter, chi-square sampling tests) and the CUDA-only FlexAttention test;
+#      drafter, chi-square sampling tests, sampled drafts reporting what they were drawn from) and the CUDA-only FlexAttention test;
 #   2b. runs the architecture matrix's rollout checks on CUDA (every model family, sliding
 #      windows and softcaps, against HF's own generate and forward on the same device; the
 #      engine's CUDA KV-memory check runs with them);
@@ -71,6 +71,7 @@ step "exactness tests on $DEV"
 SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider \
     tests/srtcli/rollout/engine/test_engine.py tests/srtcli/rollout/engine/test_engine_sampling.py tests/srtcli/rollout/engine/test_tree_verify.py \
     tests/srtcli/rollout/engine/test_tail_trees.py tests/srtcli/rollout/engine/test_tail_drafts.py \
+    tests/srtcli/rollout/test_draft_honesty.py \
     tests/attention/test_masks.py 2>&1 \
     | tee "$OUT/tests_$DEV.log" | tail -15
 
