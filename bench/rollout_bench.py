@@ -26,6 +26,10 @@ how full they ran (bench/forward_rows.py): full batches against the long tail's 
 `--coverage` adds, for the last epoch's drafted chains, the chance a drawn token is accepted
 against the policy's mass on the tree children it was drawn from (bench/draft_coverage.py).
 
+`--models M1,M2,...` gives each epoch its own policy (e.g. the bundled model and the checkpoints
+examples/rl_loop.sh trains from it), as in RL: the caches then hold an older policy's rollouts
+and probabilities, and the ceiling and HF generate use the last policy.
+
 `--repeat N` then runs each config's last epoch N more times, configs interleaved, each from a
 copy of its cache before that epoch and with the same seed (the same work every round;
 bench/repeat_epoch.py), and prints median wall and model times and per-round ratios: the
@@ -235,6 +239,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=("embedded", "vllm"), default="embedded")
     ap.add_argument("--model")
+    ap.add_argument("--models", help="one model directory per epoch, comma-separated (a policy that changes "
+                    "between epochs, e.g. examples/rl_loop.sh's checkpoints; sets --epochs): the trees' "
+                    "stored probabilities are then an older policy's")
     ap.add_argument("--prompts", default=str(ROOT / "examples/arith/prompts.jsonl"))
     ap.add_argument("--limit", type=int, default=32, help="prompts used (0 = all)")
     ap.add_argument("-n", type=int, default=8)
@@ -288,6 +295,10 @@ def main() -> None:
     from srtcli.rollout.embedded import resolve_device
 
     model = model_dir(args.model, work)
+    # one policy per epoch (a changing policy, as in RL), or the same one for every epoch
+    policies = [Path(m) for m in args.models.split(",")] if args.models else [model] * args.epochs
+    if args.models:
+        args.epochs, model = len(policies), policies[-1]
     names = args.configs.split(",") if args.configs else DEFAULT_CONFIGS[resolve_device(args.device)]
     drafters = outside_drafters(names)
     names = [n for n in names if CONFIGS[n]["draft"] in DRAFTERS or n in drafters]
@@ -296,7 +307,8 @@ def main() -> None:
         for name in names:
             if args.repeat and epoch == args.epochs:
                 snapshot(work / f"cache-{name}")
-            o = options(args, CONFIGS[name], model, prompts, work / f"cache-{name}", work / f"pool-{name}-{epoch}")
+            o = options(args, CONFIGS[name], policies[epoch - 1], prompts, work / f"cache-{name}",
+                        work / f"pool-{name}-{epoch}")
             o["seed"] = args.seed + epoch  # fresh samples every epoch, as in RL (never replay an epoch)
             o["drafter"] = drafters.get(name)
             measure = args.coverage and epoch == args.epochs
@@ -331,7 +343,7 @@ def main() -> None:
     report(results, ref, names, args.epochs)
     if args.repeat:
         def run(name: str, epoch: int, cache: Path, out: Path, drafter: object) -> dict:
-            o = options(args, CONFIGS[name], model, prompts, cache, out)
+            o = options(args, CONFIGS[name], policies[epoch - 1], prompts, cache, out)
             o.update(seed=args.seed + epoch, drafter=drafter)
             return embedded_rollout(**o)
 
