@@ -6,7 +6,8 @@ what the srt drafter itself must keep.
 
 The rows are live rows of a real engine run on a tiny model, many prompt groups with the same
 prompt, so each group's own tree is sparse while the run-wide tree is rich: where the prompt's
-tree leads, the run-wide tree's children fill the mass it leaves. Each row's state is drafted
+tree leads, the run-wide tree's children fill the mass it leaves; an older policy wrote the
+trees first, so p-hat is not the sampling policy's p. Each row's state is drafted
 from thousands of times (the drafter's random generator swapped for the redraws) and checked
 position by position. Leaving those filled children out of the reported distributions (a
 deliberately wrong variant) is caught; the end-to-end chi-square on whole outputs barely sees
