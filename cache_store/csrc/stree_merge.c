@@ -20,16 +20,13 @@ static Ranked *rank_nodes(const DTree *d, Py_ssize_t nt, Py_ssize_t *off, Py_ssi
     *total = 0;
     for (Py_ssize_t k = 0; k < nt; k++) { off[k] = *total; *total += d[k].n; }
     Ranked *r = PyMem_RawMalloc(sizeof(Ranked) * (size_t)(*total + 1));
-    double *score = PyMem_RawMalloc(sizeof(double) * (size_t)(*total + 1));
-    if (!r || !score) { PyMem_RawFree(r); PyMem_RawFree(score); PyErr_NoMemory(); return NULL; }
-    for (Py_ssize_t k = 0; k < nt; k++)
+    if (!r) { PyErr_NoMemory(); return NULL; }
+    for (Py_ssize_t k = 0; k < nt; k++) /* in tree order first: a parent's score is already there */
         for (Py_ssize_t i = 0; i < d[k].n; i++) {
-            Py_ssize_t at = off[k] + i;
-            score[at] = (d[k].par[i] >= 0 ? score[off[k] + d[k].par[i]] : 1.0) * d[k].c[i];
-            Ranked x = {score[at], (int32_t)k, (int32_t)i};
-            r[at] = x;
+            double parent = d[k].par[i] >= 0 ? r[off[k] + d[k].par[i]].score : 1.0;
+            Ranked x = {parent * d[k].c[i], (int32_t)k, (int32_t)i};
+            r[off[k] + i] = x;
         }
-    PyMem_RawFree(score);
     qsort(r, (size_t)*total, sizeof(Ranked), rank_order);
     return r;
 }
