@@ -212,6 +212,10 @@ static inline const Stream *st_picked_first(PyObject *streams, Py_ssize_t pick, 
     return (const Stream *)PyTuple_GET_ITEM(streams, k == 0 ? pick : (k - 1 < pick ? k - 1 : k));
 }
 
+int st_check_row(PyObject *streams, Py_ssize_t size, double min_prob, const char *fn);
+Py_ssize_t st_pick_stream(PyObject *streams, Py_ssize_t room, double min_prob);
+int st_row_dtrees(PyObject *streams, Py_ssize_t pick, Py_ssize_t nt, Py_ssize_t budget, double min_prob, DTree *d);
+
 /* stree_merge.c: a row's draft trees as one */
 PyObject *st_merged_draft(PyObject *self, PyObject *args);
 

@@ -137,6 +137,50 @@ fail:
     return NULL;
 }
 
+/* ---------- a row's draft trees: its streams, the picked one first ---------- */
+
+/* 0 if `streams` is a non-empty tuple of streams, `size` (budget, nodes) >= 0 and min_prob not
+ * NaN; -1 with a ValueError naming `fn` otherwise. */
+int st_check_row(PyObject *streams, Py_ssize_t size, double min_prob, const char *fn) {
+    if (!st_is_streams(streams) || PyTuple_GET_SIZE(streams) == 0) {
+        PyErr_Format(PyExc_ValueError, "%s needs a non-empty tuple of streams", fn);
+        return -1;
+    }
+    if (size < 0 || isnan(min_prob)) {
+        PyErr_Format(PyExc_ValueError, "%s: the size must be >= 0 and min_prob not NaN", fn);
+        return -1;
+    }
+    return 0;
+}
+
+/* The stream `draft_many` would draft from for a row with room for `room` tokens
+ * (`st_best_stream`); -1 with an exception set. */
+Py_ssize_t st_pick_stream(PyObject *streams, Py_ssize_t room, double min_prob) {
+    int32_t *toks = PyMem_RawMalloc(sizeof(int32_t) * 2 * (size_t)room);
+    double *probs = PyMem_RawMalloc(sizeof(double) * 2 * (size_t)room);
+    Py_ssize_t n, pick = -1;
+    if (!toks || !probs) PyErr_NoMemory();
+    else pick = st_best_stream(streams, room, min_prob, toks, probs, &n);
+    PyMem_RawFree(toks); PyMem_RawFree(probs);
+    return pick;
+}
+
+/* The best-first draft trees of a row's first `nt` streams, of at most `budget` nodes each, in
+ * the order its drafts use them (`st_picked_first`); -1 with an exception set, nothing left to
+ * free. */
+int st_row_dtrees(PyObject *streams, Py_ssize_t pick, Py_ssize_t nt, Py_ssize_t budget, double min_prob, DTree *d) {
+    for (Py_ssize_t k = 0; k < nt; k++) {
+        const Stream *s = st_picked_first(streams, pick, k);
+        int32_t v = 0;
+        Py_ssize_t m = st_stream_locus(s, budget, &v);
+        if (st_dtree_build(s->tree, v, m, budget, min_prob, &d[k]) < 0) {
+            for (Py_ssize_t i = 0; i <= k; i++) st_dtree_free(&d[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---------- a draft sampled from the tree ---------- */
 
 /* The children of `node` (their indices into kid, nk of them; kid has room for d->n), their
@@ -236,13 +280,9 @@ static PyObject *sample_walk(PyObject *streams, Py_ssize_t pick, Py_ssize_t budg
     int32_t *kid = NULL, *tok = NULL;
     double *cum = NULL, *w = NULL;
     PyObject *toks = PyList_New(0), *qs = PyList_New(0), *dists = PyList_New(0);
-    if (!toks || !qs || !dists) goto fail;
+    if (!toks || !qs || !dists || st_row_dtrees(streams, pick, nt, 4 * budget, min_prob, d) < 0) goto fail;
     for (; built < nt; built++) {
-        const Stream *s = st_picked_first(streams, pick, built);
-        int32_t v = 0;
-        Py_ssize_t m = st_stream_locus(s, 4 * budget, &v);
         node[built] = -1; on[built] = 1;
-        if (st_dtree_build(s->tree, v, m, 4 * budget, min_prob, &d[built]) < 0) { built++; goto fail; }
         room += d[built].n;
     }
     kid = PyMem_RawMalloc(sizeof(int32_t) * (size_t)room);
@@ -291,26 +331,17 @@ fail:
  * Returns (tokens, q of each, the distribution each was drawn from as {token: q}); a draft
  * that ended by drawing the stop has one distribution more than tokens. */
 PyObject *st_sample_draft(PyObject *self, PyObject *args) {
-    PyObject *streams, *random, *out = NULL;
-    Py_ssize_t budget, n;
+    PyObject *streams, *random;
+    Py_ssize_t budget;
     double min_prob;
     int stop = 0;
     if (!PyArg_ParseTuple(args, "O!ndO|p", &PyTuple_Type, &streams, &budget, &min_prob, &random, &stop)) return NULL;
-    if (!st_is_streams(streams) || PyTuple_GET_SIZE(streams) == 0 || !PyCallable_Check(random)) {
-        PyErr_SetString(PyExc_ValueError, "sample_draft needs a non-empty tuple of streams and a callable");
-        return NULL;
-    }
-    if (budget < 0 || isnan(min_prob)) {
-        PyErr_SetString(PyExc_ValueError, "budget must be >= 0 and min_prob not NaN");
+    if (st_check_row(streams, budget, min_prob, "sample_draft") < 0) return NULL;
+    if (!PyCallable_Check(random)) {
+        PyErr_SetString(PyExc_ValueError, "sample_draft needs a callable");
         return NULL;
     }
     if (budget == 0) return Py_BuildValue("([][][])");
-    int32_t *toks = PyMem_RawMalloc(sizeof(int32_t) * 2 * (size_t)budget);
-    double *probs = PyMem_RawMalloc(sizeof(double) * 2 * (size_t)budget);
-    if (!toks || !probs) { PyErr_NoMemory(); goto done; }
-    Py_ssize_t j = st_best_stream(streams, budget, min_prob, toks, probs, &n);
-    out = sample_walk(streams, j, budget, min_prob, stop, random);
-done:
-    PyMem_RawFree(toks); PyMem_RawFree(probs);
-    return out;
+    Py_ssize_t pick = st_pick_stream(streams, budget, min_prob);
+    return pick < 0 ? NULL : sample_walk(streams, pick, budget, min_prob, stop, random);
 }

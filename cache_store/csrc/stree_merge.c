@@ -74,33 +74,21 @@ static PyObject *int_list(const int32_t *v, Py_ssize_t n) {
  * most `nodes` nodes. Returns (tokens, parents), -1 for the root's children. */
 PyObject *st_merged_draft(PyObject *self, PyObject *args) {
     PyObject *streams, *out = NULL;
-    Py_ssize_t nodes, nt = 0, built = 0, total = 0, n = 0;
+    Py_ssize_t nodes, built = 0, total = 0, n, pick;
     double min_prob;
     if (!PyArg_ParseTuple(args, "O!nd", &PyTuple_Type, &streams, &nodes, &min_prob)) return NULL;
-    if (!st_is_streams(streams) || PyTuple_GET_SIZE(streams) == 0) {
-        PyErr_SetString(PyExc_ValueError, "merged_draft needs a non-empty tuple of streams");
-        return NULL;
-    }
-    if (nodes < 0 || isnan(min_prob)) {
-        PyErr_SetString(PyExc_ValueError, "nodes must be >= 0 and min_prob not NaN");
-        return NULL;
-    }
+    if (st_check_row(streams, nodes, min_prob, "merged_draft") < 0) return NULL;
     if (nodes == 0) return Py_BuildValue("([][])");
-    nt = PyTuple_GET_SIZE(streams);
+    Py_ssize_t nt = PyTuple_GET_SIZE(streams);
     DTree *d = PyMem_RawCalloc((size_t)nt, sizeof(DTree));
     Py_ssize_t *off = PyMem_RawMalloc(sizeof(Py_ssize_t) * (size_t)nt);
-    int32_t *tok = PyMem_RawMalloc(sizeof(int32_t) * 2 * (size_t)nodes);
+    int32_t *tok = PyMem_RawMalloc(sizeof(int32_t) * (size_t)nodes);
     int32_t *par = PyMem_RawMalloc(sizeof(int32_t) * (size_t)nodes);
-    double *probs = PyMem_RawMalloc(sizeof(double) * 2 * (size_t)nodes);
     Ranked *r = NULL;
-    if (!d || !off || !tok || !par || !probs) { PyErr_NoMemory(); goto done; }
-    Py_ssize_t pick = st_best_stream(streams, nodes, min_prob, tok, probs, &n);
-    for (; built < nt; built++) {
-        const Stream *s = st_picked_first(streams, pick, built);
-        int32_t v = 0;
-        Py_ssize_t m = st_stream_locus(s, nodes, &v);
-        if (st_dtree_build(s->tree, v, m, nodes, min_prob, &d[built]) < 0) { built++; goto done; }
-    }
+    if (!d || !off || !tok || !par) { PyErr_NoMemory(); goto done; }
+    if ((pick = st_pick_stream(streams, nodes, min_prob)) < 0) goto done;
+    if (st_row_dtrees(streams, pick, nt, nodes, min_prob, d) < 0) goto done;
+    built = nt;
     if (!(r = rank_nodes(d, nt, off, &total))) goto done;
     if ((n = merge_ranked(d, r, total, off, nodes, tok, par)) < 0) goto done;
     PyObject *toks = int_list(tok, n), *pars = int_list(par, n);
@@ -108,7 +96,7 @@ PyObject *st_merged_draft(PyObject *self, PyObject *args) {
     else { Py_XDECREF(toks); Py_XDECREF(pars); }
 done:
     for (Py_ssize_t k = 0; d && k < built; k++) st_dtree_free(&d[k]);
-    PyMem_RawFree(d); PyMem_RawFree(off); PyMem_RawFree(tok); PyMem_RawFree(par); PyMem_RawFree(probs);
+    PyMem_RawFree(d); PyMem_RawFree(off); PyMem_RawFree(tok); PyMem_RawFree(par);
     PyMem_RawFree(r);
     return out;
 }
