@@ -91,7 +91,7 @@ timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 16 --epochs 3 --too
 step "profile: where a step's time goes (host Python vs the model), none and srt, batch 32"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \
     --batch-size 32 --rollout-batch 8 --configs none,srt --profile "$OUT/profile_${DEV}_b32" 2>&1 | grep "^epoch 3"
-cat "$OUT/profile_${DEV}_b32"-*.txt > "$OUT/profile_${DEV}_b32.txt" 2>/dev/null && rm -f "$OUT/profile_${DEV}_b32"-*.txt
+cat "$OUT/profile_${DEV}_b32"-*.txt > "$OUT/profile_${DEV}_b32.txt" 2>/dev/null && rm -f "$OUT/profile_${DEV}_b32"-*.txt "$OUT/profile_${DEV}_b32"-*.prof
 step "SRT proposer host cost per vLLM step (CPU only; printed beside the CUDA figures, no file)"
 for t in 1000 8192; do
     timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens $t --steps 600 --own-tree --one-thread 2>&1 | tail -7

@@ -273,7 +273,8 @@ def main() -> None:
     ap.add_argument("--coverage", action="store_true", help="measure the last epoch's drafted chains against "
                     "the acceptance their tree children allow (bench/draft_coverage.py; slows that epoch)")
     ap.add_argument("--profile", metavar="PREFIX", help="cProfile the last epoch of none and srt into "
-                    "PREFIX-none.txt / PREFIX-srt.txt (host vs model time; slows those two runs)")
+                    "PREFIX-none.txt / PREFIX-srt.txt, raw stats beside them as .prof (host vs model time; slows "
+                    "those two runs)")
     args = ap.parse_args()
     if args.temperature is None:
         args.temperature = 0.0 if args.engine == "vllm" else 1.0
@@ -432,7 +433,8 @@ def print_coverage(results: dict, names: list[str], epochs: int) -> None:
 
 
 def profiled(fn, o: dict, path: str) -> dict:
-    """Run fn(**o) under cProfile; write the top functions by cumulative and by own time."""
+    """Run fn(**o) under cProfile; write the top functions by cumulative and by own time (and the raw
+    stats beside them, .prof, for pstats)."""
     import cProfile
     import io
     import pstats
@@ -443,6 +445,7 @@ def profiled(fn, o: dict, path: str) -> dict:
     for key in ("cumulative", "tottime"):
         pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(45)
     Path(path).write_text(buf.getvalue())
+    prof.dump_stats(str(Path(path).with_suffix(".prof")))
     return out
 
 
