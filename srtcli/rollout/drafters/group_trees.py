@@ -154,8 +154,9 @@ class GroupTrees:
     def adopt(self) -> None:
         """A new step: every group whose load began `load_steps` steps ago moves onto its built tree
         (waiting for the build if need be): its streams so far, live and finished, continue there.
-        A build that failed is logged and the group keeps drafting from what it streamed. The
-        run-wide tree's rebuild (`bound_shared`) is adopted alike: new streams go to it."""
+        A build that failed, or a move that ran out of memory, is logged and the group keeps
+        drafting from what it streamed. The run-wide tree's rebuild (`bound_shared`) is adopted
+        alike: new streams go to it."""
         self.step, self.inline_used = self.step + 1, 0
         if self.shared_next is not None and self.shared_next[1] <= self.step:
             built, self.shared_next = self.shared_next[0], None
@@ -171,10 +172,28 @@ class GroupTrees:
             except Exception as e:  # noqa: BLE001 - logged: the cache must never stop a rollout
                 log.error("srt: cannot build a prompt's tree from the cache: %s", e)
             else:
-                for stream in g.moving:
-                    stream.move(tree)
-                g.tree, g.added = tree, [stream.sequence_id for stream in g.moving]
+                self._move(g, tree)
             g.loading, g.moving = None, []
+
+    def _move(self, g: Group, tree: SuffixTree) -> None:
+        """Move the group's streams onto its built `tree`. If memory runs out part way, the
+        streams already moved go back and the group drafts on from what it streamed (logged),
+        so a group never ends up split over two trees and commits every sequence whole. The
+        streams that went back then hold their prefix twice in the group's tree, which only
+        shifts its drafts' frequencies."""
+        moved = []
+        try:
+            for stream in g.moving:
+                stream.move(tree)
+                moved.append(stream)
+        except MemoryError as e:
+            log.error("srt: no memory to move a prompt's group onto its stored tree (%s): it drafts on "
+                      "from what it streamed", e)
+            for stream in moved:
+                stream.move(g.tree)
+        else:
+            g.tree = tree
+        g.added = [stream.sequence_id for stream in g.moving]
 
     def count(self, g: Group) -> None:
         """Count a group (once) in the loaded groups and cache hits."""

@@ -3,7 +3,8 @@ empty tree, and `load_steps` steps later the group moves onto it (`GroupTrees.ad
 on the proposer must draft exactly what one that loads inside the step drafts, and both must
 store the same sequences; only a group's first `load_steps` steps may draft differently. Loads
 within a step's `inline_tokens` are built in the step (these stores are small: the tests set it
-to 0 to build off the step)."""
+to 0 to build off the step). A move that runs out of memory part way leaves the group whole on
+the tree it streamed into, and every sequence is still stored whole."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import types
 import numpy as np
 
 from cache_store.seqstore import LmdbSequenceStore
-from cache_store.suffix_tree import SuffixTree
+from cache_store.suffix_tree import SuffixStream, SuffixTree
 from srtcli.rollout.vllm.table import Table
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from tests.srtcli.rollout.vllm.test_vllm_proposer import EOS, FP, MAX_NEW, PROMPTS, UID_A, _outputs, simulate, stored
@@ -41,9 +42,36 @@ def replace_without_moving(trees) -> None:
         g.tree, g.loading, g.moving = g.loading.result(), None, []
 
 
-def disagreement(tmp_path, seed: int, adopt=None, inline_tokens: int = 0) -> str | None:
+def failing_move(monkeypatch, at: int) -> None:
+    """Fault injection: the `at`-th stream move (counting from 1) runs out of memory; the others,
+    moves back included, succeed."""
+    move, calls = SuffixStream.move, [0]
+
+    def flaky(self, tree):
+        calls[0] += 1
+        if calls[0] == at:
+            raise MemoryError("no room to move the stream")
+        move(self, tree)
+
+    monkeypatch.setattr(SuffixStream, "move", flaky)
+
+
+def keep_what_moved(trees, g, tree) -> None:
+    """Bug: a move that fails part way leaves the group split over two trees (the streams moved
+    stay on the new one, the group and its commits on the old one)."""
+    try:
+        for stream in g.moving:
+            stream.move(tree)
+    except MemoryError:
+        pass
+    g.added = [stream.sequence_id for stream in g.moving]
+
+
+def disagreement(tmp_path, seed: int, adopt=None, inline_tokens: int = 0, move=None,
+                 drafts: bool = True) -> str | None:
     """Fill two stores alike, then run a second epoch on each: loads off the step on one, inside
-    the step on the other. None when they agree everywhere they must."""
+    the step on the other. None when they agree everywhere they must (`drafts=False`: what they
+    store, not what they draft)."""
     rng = random.Random(seed)
     first, second = _outputs(rng), _outputs(rng) + [(UID_A, [EOS])]  # one that ends in its first step
     with LmdbSequenceStore.open(tmp_path / "off") as off, LmdbSequenceStore.open(tmp_path / "in") as inside:
@@ -53,6 +81,8 @@ def disagreement(tmp_path, seed: int, adopt=None, inline_tokens: int = 0) -> str
         lazy.first, lazy.trees.inline_tokens = [], inline_tokens
         if adopt:
             lazy.trees.adopt = types.MethodType(adopt, lazy.trees)
+        if move:
+            lazy.trees._move = types.MethodType(move, lazy.trees)
         try:
             got, counts = simulate(lazy, second, 4, random.Random(seed + 1))
         except IndexError as e:
@@ -63,6 +93,8 @@ def disagreement(tmp_path, seed: int, adopt=None, inline_tokens: int = 0) -> str
             return "stored sequences differ"
         if not (counts["groups"], counts["hits"]) == (want_counts["groups"], want_counts["hits"]) == (3, 3):
             return "groups or hits differ"
+        if not drafts:
+            return None
         for step, (g, w, new) in enumerate(zip(got, want, lazy.first)):
             if any(g[i] != w[i] for i in range(len(g)) if i not in new):
                 return f"step {step}: drafts differ after the load was adopted"
@@ -105,3 +137,16 @@ def test_a_build_that_fails_is_logged_and_the_group_drafts_on(tmp_path, monkeypa
         assert "cannot build a prompt's tree" in caplog.text
         d.finish()
         assert stored(store)[UID_A] == sorted(before[UID_A] + [(p[-1], 30, EOS)])
+
+
+def test_a_move_that_runs_out_of_memory_is_logged_and_the_group_stores_every_sequence(tmp_path, monkeypatch,
+                                                                                      caplog):
+    failing_move(monkeypatch, at=2)  # a group's second stream: the first one has to go back
+    with caplog.at_level(logging.ERROR, "srt"):
+        assert disagreement(tmp_path, 0, drafts=False) is None
+    assert "no memory to move a prompt's group" in caplog.text
+
+
+def test_a_group_split_over_two_trees_is_caught(tmp_path, monkeypatch):
+    failing_move(monkeypatch, at=2)
+    assert disagreement(tmp_path, 0, move=keep_what_moved, drafts=False) is not None
