@@ -8,9 +8,16 @@
 #      pytest, hypothesis);
 #   2. runs the engine's exactness tests on CUDA (SRT_TEST_DEVICE=cuda: greedy identity for every
 #      drafter, chi-square sampling tests, sampled drafts reporting what they were drawn from) and the CUDA-only FlexAttention test;
-#   2b. runs the architecture matrix's rollout checks on CUDA (every model family, sliding
-#      windows and softcaps, against HF's own generate and forward on the same device; the
-#      engine's CUDA KV-memory check runs with them);
+#   2b. runs the architecture matrix's checks on CUDA (every model family, sliding windows and
+#      softcaps, against HF's own generate and forward on the same device; the engine's CUDA
+#      KV-memory check runs with them), its packed log-probs with every tree-attention backend
+#      and one `srt train` step over shards against the step over the steps pool (FlexAttention
+#      with window and softcap score mods, compiled);
+#   2c. runs the training exactness tests on CUDA: one optimizer step over packed shards equals
+#      the plain per-step reference in loss and gradients (1e-5) for every scenario and loss
+#      aggregation, with the tree attention by sdpa, eager and the compiled FlexAttention that
+#      `srt train` uses by default with CUDA, and `srt train` end to end (shards against steps);
+#      nothing else in this script trains;
 #   3. runs bench/rollout_bench.py with the embedded engine on CUDA (bundled workload, K = 8,
 #      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs (`srt` drafts
 #      by p-hat with stops, `srt-counts` by counts: which one the CUDA default should be; `-no-tail`:
@@ -75,9 +82,15 @@ SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider \
     tests/attention/test_masks.py 2>&1 \
     | tee "$OUT/tests_$DEV.log" | tail -15
 
-step "architecture matrix on $DEV: greedy = HF generate, old log-probs = HF forward (sliding windows, softcaps)"
-SRT_TEST_DEVICE=$DEV timeout 180 $PY -m pytest -q -p no:cacheprovider tests/srtcli/test_arch_matrix.py \
-    -k "greedy_rollout or old_logprobs" 2>&1 | tee "$OUT/arch_matrix_$DEV.log" | tail -15
+step "architecture matrix on $DEV: greedy = HF generate, old log-probs and packed log-probs = HF forward, a train step over shards = over steps (sliding windows, softcaps)"
+SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider tests/srtcli/test_arch_matrix.py \
+    -k "greedy_rollout or old_logprobs or packed_logprobs or train_step_over_shards" 2>&1 \
+    | tee "$OUT/arch_matrix_$DEV.log" | tail -15
+
+step "training exactness on $DEV: a step over packed shards = the plain step (sdpa, eager, flex), srt train end to end"
+SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider tests/srtcli/train/test_exact.py \
+    "tests/srtcli/cli/test_train.py::test_shards_and_steps_agree_and_the_output_is_a_model" 2>&1 \
+    | tee -a "$OUT/tests_$DEV.log" | tail -15
 
 step "rollout bench, $DEV, batch 32"
 timeout 200 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \

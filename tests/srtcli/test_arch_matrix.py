@@ -4,8 +4,9 @@ One tiny random model per family (tests/srtcli/rollout/engine/support.py ARCHS: 
 grouped KV heads, Mistral, GPT-2, Phi, Phi-3, Gemma, OPT, Qwen3, GPT-NeoX; Mistral with a
 16-position window on 60-token sequences, Qwen2 and Qwen3 with a window on one layer, Gemma2
 with alternating windows and attention and final-logit softcaps, Gemma3), with the bundled
-tokenizer, checked against transformers' own computations (the rollout checks run on
-`SRT_TEST_DEVICE`, so bench/gpu_check.sh runs them on CUDA too):
+tokenizer, checked against transformers' own computations (the rollout checks and the packed
+log-probs run on `SRT_TEST_DEVICE`, and `srt train` takes the GPU by itself where there is one,
+so bench/gpu_check.sh runs them on CUDA too, FlexAttention compiled):
 
 - greedy `srt rollout` (`--draft none` and `--draft srt`) equals HF `generate(do_sample=False)`;
 - the old log-probs a sampled rollout writes equal HF's forward within 1e-4;
@@ -135,13 +136,13 @@ def packed_logprob_error(root: Path, name: str, backend: str) -> float:
     from srtcli.train.data import load_packed
     from srtcli.train.logprobs import packed_logprobs
 
-    ref = hf_model(model_dir(root, name), name)
+    ref = hf_model(model_dir(root, name), name).to(DEVICE)
     worst = 0.0
     for row in load_packed(shards_of(root, name)).rows:
         with torch.no_grad():
             lps = packed_logprobs(ref, row.packed, backend)
         for seq, lp in zip(row.seqs, lps):
-            worst = max(worst, (lp - hf_logprobs(ref, seq.input_ids)).abs().max().item())
+            worst = max(worst, (lp.cpu() - hf_logprobs(ref, seq.input_ids)).abs().max().item())
     return worst
 
 

@@ -1,10 +1,13 @@
 """Shared pieces for the `srt train` tests (no tests here): tiny real HF models on disk,
 steps pools for the exactness scenarios, real packing through `srt pack`'s code and the shard
-format on disk, and gradient comparison helpers."""
+format on disk, and gradient comparison helpers. `SRT_TEST_DEVICE=cuda` (bench/gpu_check.sh)
+computes the gradients on the GPU, where `srt train`'s default tree attention is the compiled
+FlexAttention."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from srtcli.train.dist import DistInfo
 torch.set_num_threads(1)
 
 VOCAB = 61
+DEVICE = os.environ.get("SRT_TEST_DEVICE", "cpu")
 
 
 def tiny_model(kind: str = "qwen2", seed: int = 0):
@@ -162,12 +166,15 @@ def load(path: Path):
 
 
 def grads(model_path: Path, rows, cfg: LossConfig, micro: int = 0, ref_path: Path | None = None,
-          info: DistInfo = DistInfo(), attn: str = "sdpa") -> tuple[float, dict[str, torch.Tensor]]:
-    """(global loss, gradients) of one optimizer step over `rows`, from the weights on disk."""
-    model = load(model_path)
-    ref = load(ref_path).requires_grad_(False) if ref_path is not None else None
+          info: DistInfo | None = None, attn: str = "sdpa") -> tuple[float, dict[str, torch.Tensor]]:
+    """(global loss, gradients) of one optimizer step over `rows`, from the weights on disk, on
+    `info.device` (default: a single process on DEVICE); the gradients come back on the CPU."""
+    info = info or DistInfo(device=DEVICE)
+    model = load(model_path).to(info.device)
+    ref = load(ref_path).to(info.device).requires_grad_(False) if ref_path is not None else None
     res = step_gradients(model, ref, rows, cfg, micro, info, attn)
-    return res.stats.loss, {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return res.stats.loss, {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()
+                            if p.grad is not None}
 
 
 def rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

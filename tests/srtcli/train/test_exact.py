@@ -4,6 +4,8 @@ Same initial weights, same steps: `--shards` (prefix-tree rows, tree attention) 
 (one plain causal row per step) must give the same loss and gradients within 1e-5 relative
 (float32), for every scenario, loss aggregation, with and without KL, and whatever the
 micro-batching. A deliberately wrong variant (one advantage per shared packed token) fails.
+With SRT_TEST_DEVICE=cuda (bench/gpu_check.sh) the steps run on the GPU, and the compiled
+FlexAttention, `srt train`'s default there, joins the backends checked.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from srtcli.train.loss import AGG_MODES, LossConfig, Normalizers, aggregate, cou
 from srtcli.train.data import load_packed, load_steps
 from srtcli.train.logprobs import packed_logprobs, targets_of
 from tests.srtcli.train.fixtures import (
-    SCENARIOS, grads, load, model_dir, pack_pool, rel_diff, scenario, write_pool,
+    DEVICE, SCENARIOS, grads, load, model_dir, pack_pool, rel_diff, scenario, write_pool,
 )
 
 TOL = 1e-5
@@ -82,7 +84,8 @@ def test_micro_batching_does_not_change_the_step(models, data, micro):
     _check(grads(models["policy"], packed_split, cfg, micro=micro), grads(models["policy"], plain_split, cfg))
 
 
-@pytest.mark.parametrize("attn", ["eager"])  # flex: CUDA only (no backward on CPU)
+# FlexAttention has no backward on a CPU; with SRT_TEST_DEVICE=cuda it is `srt train`'s default
+@pytest.mark.parametrize("attn", ["eager"] + (["flex"] if DEVICE.startswith("cuda") else []))
 def test_every_attention_backend(models, data, attn):
     plain, packed = data["duplicates"]
     cfg = LossConfig(agg="seq-mean-token-sum", kl_coef=0.1)
