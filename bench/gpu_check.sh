@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One prepared GPU session for the rollout engine (its CUDA measurements), sized for
-# the workplace's lent H200 (15 minutes of device time; this script runs ~11 of them).
+# One prepared GPU session for the rollout engine and the trainer (their CUDA checks and
+# measurements), sized for the workplace's lent H200: 15 minutes of device time, at most 10 of
+# them per command. `DEV=cpu` rehearses the whole script on the 2-core CPU machine in ~7 minutes;
+# every step has its own timeout, so a slow step costs that step, not the ones after it.
 #
 # What it does, in order, writing everything under $OUT (default /tmp/srt-gpu):
 #   1. installs the two packages the GPU image lacks (lmdb, zstandard) from carried wheels and
