@@ -2,7 +2,8 @@
 # One prepared GPU session for the rollout engine and the trainer (their CUDA checks and
 # measurements), sized for the workplace's lent H200: 15 minutes of device time, at most 10 of
 # them per command. `DEV=cpu` rehearses the whole script on the 2-core CPU machine in ~7 minutes;
-# every step has its own timeout, so a slow step costs that step, not the ones after it.
+# every step has its own timeout, and what the steps wrote to $OUT comes back even if the
+# command runs past the device's 10 minutes (the steps are in order of what they are worth).
 #
 # What it does, in order, writing everything under $OUT (default /tmp/srt-gpu):
 #   1. installs the two packages the GPU image lacks (lmdb, zstandard) from carried wheels and
