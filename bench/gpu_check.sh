@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU session for the rollout engine and the trainer (their CUDA checks and
 # measurements), sized for the workplace's lent H200: 15 minutes of device time, at most 10 of
-# them per command. `DEV=cpu` rehearses the whole script on the 2-core CPU machine in ~7 minutes;
+# them per command. `DEV=cpu` rehearses the whole script on the 2-core CPU machine in ~8 minutes;
 # every step has its own timeout, and what the steps wrote to $OUT comes back even if the
 # command runs past the device's 10 minutes (the steps are in order of what they are worth).
 #
@@ -35,6 +35,10 @@
 #      draft lengths);
 #   4. profiles epoch 3 of none and srt (cProfile): on a GPU the 1.2M-parameter model leaves
 #      host Python as the likely bottleneck, and this says where it goes;
+#   4b. times one optimizer step of `srt train` packed (tree attention: the compiled
+#      FlexAttention with CUDA) against padded and one sequence at a time, with peak memory
+#      (bench/train_bench.py; with CUDA a 1024-wide, 8-layer Qwen2 with a 32k vocabulary): what
+#      prefix-tree packing saves on a GPU, where it has never been timed;
 #   5. prints bench/proposer_bench.py (the vLLM proposer's host cost per row per step, 256 rows,
 #      1,000- and 8,192-token responses, its tree work on its default 4 threads beside one
 #      (`srt-1-thread`) and without the run-wide tree, then verified rows drafting the whole budget with an
@@ -75,7 +79,7 @@ fi
 $PY setup.py -q build_ext --inplace >/tmp/srt-build.log 2>&1 || { cat /tmp/srt-build.log; exit 1; }
 { nvidia-smi; $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
 torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', 'transformers', transformers.__version__)"; } \
-    2>&1 | tee "$OUT/env.txt"
+    2>&1 | tee "$OUT/tests_$DEV.log"
 
 step "exactness tests on $DEV"
 SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider \
@@ -83,7 +87,7 @@ SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider \
     tests/srtcli/rollout/engine/test_tail_trees.py tests/srtcli/rollout/engine/test_tail_drafts.py \
     tests/srtcli/rollout/test_draft_honesty.py \
     tests/attention/test_masks.py 2>&1 \
-    | tee "$OUT/tests_$DEV.log" | tail -15
+    | tee -a "$OUT/tests_$DEV.log" | tail -15
 
 step "architecture matrix on $DEV: greedy = HF generate, old log-probs and packed log-probs = HF forward, a train step over shards = over steps (sliding windows, softcaps)"
 SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider tests/srtcli/test_arch_matrix.py \
@@ -108,6 +112,9 @@ step "profile: where a step's time goes (host Python vs the model), none and srt
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \
     --batch-size 32 --rollout-batch 8 --configs none,srt --profile "$OUT/profile_${DEV}_b32" 2>&1 | grep "^epoch 3"
 cat "$OUT/profile_${DEV}_b32"-*.txt > "$OUT/profile_${DEV}_b32.txt" 2>/dev/null && rm -f "$OUT/profile_${DEV}_b32"-*.txt "$OUT/profile_${DEV}_b32"-*.prof
+step "training bench on $DEV: one optimizer step, packed (tree attention) vs padded vs one sequence at a time"
+if [[ $DEV == cuda ]]; then TB=(--hidden 1024 --layers 8 --vocab 32000 --repeats 3); else TB=(--hidden 128 --layers 2 --repeats 1); fi
+timeout 240 $PY bench/train_bench.py "${TB[@]}" 2>&1 | tee "$OUT/train_bench_$DEV.log" | tail -8
 step "SRT proposer host cost per vLLM step (CPU only; printed beside the CUDA figures, no file)"
 for t in 1000 8192; do
     timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens $t --steps 600 --own-tree --one-thread 2>&1 | tail -7
@@ -130,4 +137,4 @@ if $PY -c "import vllm" >/dev/null 2>&1; then
 else
     echo "vllm is not installed in this image: the vLLM measurements are skipped"
 fi
-step done  # 8 files in $OUT (the two profiles in one): the device tool brings back at most 8
+step done  # 8 files in $OUT (the environment in the tests' log, the two profiles in one): the device tool brings back at most 8
