@@ -7,7 +7,6 @@ FlexAttention."""
 from __future__ import annotations
 
 import json
-import os
 import random
 from pathlib import Path
 
@@ -17,11 +16,11 @@ from srtcli.train.loss import LossConfig
 from srtcli.pool import PoolWriter, StepRecord
 from srtcli.train.step import step_gradients
 from srtcli.train.dist import DistInfo
+from tests.srtcli.rollout.engine.support import DEVICE
 
 torch.set_num_threads(1)
 
 VOCAB = 61
-DEVICE = os.environ.get("SRT_TEST_DEVICE", "cpu")
 
 
 def tiny_model(kind: str = "qwen2", seed: int = 0):
