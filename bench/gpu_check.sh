@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One prepared GPU session for the rollout engine and the trainer (their CUDA checks and
 # measurements), sized for the workplace's lent H200: 15 minutes of device time, at most 10 of
-# them per command. `DEV=cpu` rehearses the whole script on the 2-core CPU machine in ~8 minutes;
+# them per command. `DEV=cpu` rehearses the whole script on the 2-core CPU machine in ~6-8 minutes
+# (also with the image's torch 2.11 and transformers 5.17, in a venv of its own: `PY=venv/bin/python`);
 # every step has its own timeout, and what the steps wrote to $OUT comes back even if the
 # command runs past the device's 10 minutes (the steps are in order of what they are worth).
 #
@@ -82,7 +83,9 @@ torch.cuda.get_device_name(0) if torch.cuda.is_available() else '-', 'transforme
     2>&1 | tee "$OUT/tests_$DEV.log"
 
 step "exactness tests on $DEV"
-SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider \
+# no -q here: pyproject's addopts give one, and a second hides the pass/skip counts; -rs says why
+# a test skipped (on the GPU a skip is a finding)
+SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -rs -p no:cacheprovider \
     tests/srtcli/rollout/engine/test_engine.py tests/srtcli/rollout/engine/test_engine_sampling.py tests/srtcli/rollout/engine/test_tree_verify.py \
     tests/srtcli/rollout/engine/test_tail_trees.py tests/srtcli/rollout/engine/test_tail_drafts.py \
     tests/srtcli/rollout/test_draft_honesty.py \
@@ -90,12 +93,12 @@ SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider \
     | tee -a "$OUT/tests_$DEV.log" | tail -15
 
 step "architecture matrix on $DEV: greedy = HF generate, old log-probs and packed log-probs = HF forward, a train step over shards = over steps (sliding windows, softcaps)"
-SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider tests/srtcli/test_arch_matrix.py \
+SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -rs -p no:cacheprovider tests/srtcli/test_arch_matrix.py \
     -k "greedy_rollout or old_logprobs or packed_logprobs or train_step_over_shards" 2>&1 \
     | tee "$OUT/arch_matrix_$DEV.log" | tail -15
 
 step "training exactness on $DEV: a step over packed shards = the plain step (sdpa, eager, flex), srt train end to end"
-SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -q -p no:cacheprovider tests/srtcli/train/test_exact.py \
+SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -rs -p no:cacheprovider tests/srtcli/train/test_exact.py \
     "tests/srtcli/cli/test_train.py::test_shards_and_steps_agree_and_the_output_is_a_model" 2>&1 \
     | tee -a "$OUT/tests_$DEV.log" | tail -15
 
@@ -133,7 +136,7 @@ if $PY -c "import vllm" >/dev/null 2>&1; then
     fi
     timeout 240 $PY bench/rollout_bench.py --engine vllm --limit 32 --epochs 3 -n 8 --max-new-tokens 96 \
         --batch-size 64 --configs $VCONF 2>&1 | grep -E "^(epoch |\||[a-z]+: vLLM engine)" | tail -30
-    timeout 180 $PY -m pytest -q -p no:cacheprovider tests/srtcli/rollout/vllm/test_vllm_serve.py 2>&1 | tail -5
+    timeout 180 $PY -m pytest -rs -p no:cacheprovider tests/srtcli/rollout/vllm/test_vllm_serve.py 2>&1 | tail -5
 else
     echo "vllm is not installed in this image: the vLLM measurements are skipped"
 fi
