@@ -1,8 +1,8 @@
-"""Declares the compiled cores of the token trees; all other metadata lives in pyproject.toml.
+"""Declares the compiled core of the token tree; all other metadata lives in pyproject.toml.
 
-`pip install -e .` (or a wheel build) compiles cache_store/csrc/*.c into cache_store._trie (the
-suffix trie) and cache_store._stree (the path-compressed suffix tree) with the system C compiler
-and the Python headers; setuptools needs no extra build dependencies.
+`pip install -e .` (or a wheel build) compiles cache_store/csrc/stree_*.c into cache_store._stree
+(the path-compressed suffix tree) with the system C compiler and the Python headers; setuptools
+needs no extra build dependencies.
 """
 
 import sys
@@ -12,21 +12,13 @@ from setuptools import Extension, setup
 # -ffp-contract=off: no fused multiply-add, so path scores are bit-identical to Python's floats.
 flags = [] if sys.platform == "win32" else ["-O2", "-ffp-contract=off"]
 threads = [] if sys.platform == "win32" else ["-pthread"]  # the suffix tree's batched calls start threads
-sources = [f"cache_store/csrc/{name}.c" for name in ("module", "nodes", "draft", "bytes")]
-stree_sources = [f"cache_store/csrc/stree_{name}.c" for name in ("module", "nodes", "flight", "insert", "draft", "dtree", "merge", "batch", "parallel")]
+sources = [f"cache_store/csrc/stree_{name}.c" for name in ("module", "nodes", "flight", "insert", "draft", "dtree", "merge", "batch", "parallel")]
 
 setup(
     ext_modules=[
         Extension(
-            "cache_store._trie",
-            sources,
-            depends=["cache_store/csrc/trie.h"],
-            include_dirs=["cache_store/csrc"],
-            extra_compile_args=flags,
-        ),
-        Extension(
             "cache_store._stree",
-            stree_sources,
+            sources,
             depends=["cache_store/csrc/stree.h"],
             include_dirs=["cache_store/csrc"],
             extra_compile_args=flags + threads,

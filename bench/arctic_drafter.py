@@ -16,6 +16,11 @@ eviction past that), `suffix_decoding_max_spec_factor=1.0`, `suffix_decoding_min
 at most the engine's draft length (the bench's `--budget`, or the adaptive length) per
 speculation. Drafts are deterministic, verified as point masses; where the engine asks for a tree
 (its tail trees) it gets SuffixDecoding's own speculation tree (`use_tree_spec=True`).
+
+Measured against srt by (with the `bench` extra, `pip install -e '.[bench]'`; without it the
+bench skips `arctic` with a one-line note):
+
+    .venv/bin/python bench/rollout_bench.py --configs none,srt,arctic
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@
 Every engine step each live row costs one `propose` and one `extend` (the tokens it kept). A
 drafter whose step grows with what the sequence already holds is paid again at every step of a
 long-CoT response. Here one sequence (a 256-token prompt, then `--lengths` generated tokens,
-noisy repeats of a few paths as bench/cache_scale.py makes them, each token with the policy's
+noisy repeats of a few paths as bench/workloads.py makes them, each token with the policy's
 probability as the engine feeds it, so srt's draws by p-hat run) is taken to each length, then
-timed over `--steps` steps of propose(budget 8) + extend(3 tokens). `ngram-scan` is the `ngram`
-drafter's Python backward scan at every length (what it used at every length before it kept
-long sequences in an array; the same proposals). `srt-treeN` asks srt for its draft tree of N
-nodes (a tail tree: both streams' trees merged) instead of its chain. Printed: microseconds per
-row step. Not a test.
+timed over `--steps` steps of propose(budget 8) + extend(3 tokens). `ngram-scan` makes the
+`ngram` drafter's proposals by a Python backward scan over the whole context at every length
+(the drafter itself keeps long sequences in an array; the same proposals). `srt-treeN` asks
+srt for its draft tree of N nodes (a tail tree: both streams' trees merged) instead of its
+chain. Printed: microseconds per row step. Not a test.
 
     .venv/bin/python bench/drafter_cost_bench.py --lengths 1000,4000,16000
 """
@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.cache_scale import noisy_copy, zipf_tokens  # noqa: E402
+from bench.workloads import noisy_copy, zipf_tokens  # noqa: E402
 from srtcli.rollout.drafters import make_drafter  # noqa: E402
 from srtcli.rollout.drafters.base import Drafter, Proposal  # noqa: E402
 from srtcli.rollout.drafters.ngram import scan_match  # noqa: E402

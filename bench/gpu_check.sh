@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU session for the rollout engine and the trainer (their CUDA checks and
+# One prepared GPU run for the rollout engine and the trainer (their CUDA checks and
 # measurements), sized for the workplace's lent H200: 15 minutes of device time, at most 10 of
 # them per command. `DEV=cpu` rehearses the whole script on the 2-core CPU machine in ~6-8 minutes
 # (also with the image's torch 2.11 and transformers 5.17, in a venv of its own: `PY=venv/bin/python`);
@@ -30,10 +30,8 @@
 #      installed. The GPU image does not have it and the package index has no binary wheel of
 #      arctic-inference 0.3 for the image's Python, so there the bench prints one line and
 #      skips it, unless a wheel built for that Python (cp312) is put in .whl beside the others;
-#      each run prints each config's epoch-3 forwards by the rows they carried (full batches
-#      against the long tail) and ends with the compute-bound ceiling (greedy, plain vs a drafter
-#      whose every draft is accepted: the most any drafter can gain on that device with those
-#      draft lengths);
+#      each run ends with the compute-bound ceiling (greedy, plain vs a drafter whose every draft
+#      is accepted: the most any drafter can gain on that device with those draft lengths);
 #   4. profiles epoch 3 of none and srt (cProfile): on a GPU the 1.2M-parameter model leaves
 #      host Python as the likely bottleneck, and this says where it goes;
 #   4b. times one optimizer step of `srt train` packed (tree attention: the compiled

@@ -8,6 +8,9 @@ draft is then accepted (up to where a tool call ends the model's turn), so its m
 a ratio to the plain run's is the best any drafter could do with the same draft lengths on
 this device: the compute-bound ceiling, where every verified position costs compute. Bench
 only: it needs the answer before it is generated.
+
+Every bench/rollout_bench.py run that includes `srt` ends by measuring it (`--no-ceiling` skips
+it), e.g. `.venv/bin/python bench/rollout_bench.py --configs none,srt`.
 """
 
 from __future__ import annotations

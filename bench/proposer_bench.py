@@ -8,7 +8,7 @@ got right and one more, as verification keeps); a new request spends one step pr
 (nothing sampled); a finished request leaves, at most two new ones join per step in the lowest
 free rows and the other holes are filled by moving the last rows in (vLLM's `condense`).
 Responses are `--tokens` long, noisy copies of a few reasoning paths per prompt
-(bench/cache_scale.py's generator); the first rows start part-way through theirs, so the
+(bench/workloads.py); the first rows start part-way through theirs, so the
 figures are for rows of every length up to `--tokens`; both proposers first see each of them in
 one untimed step, holding its prompt and its tokens so far as just sampled (a row's prompt is
 what it held before its first sampled tokens, for both). The trees start empty and fill on the
@@ -24,14 +24,18 @@ the row generates next (accepted, over all steps and the last quarter), per deco
 the cost's ratio to ArcticInference. srt's draft length adapts to what was accepted
 (`--fixed-budget`: the whole budget, the CUDA default); with rows keeping 1-4 tokens whatever was
 drafted, that length reads as short, so compare drafting under `--verify`. `--own-tree` adds
-`srt-own`, the proposer without the run-wide tree (`Table.shared=False`), to see what that
+`srt-own`, the proposer without the run-wide tree (`ProposerSettings.shared=False`), to see what that
 tree's inserts cost. A stored tree is built off the step and adopted `--load-steps` steps later
 (the proposer's default); `--in-step` adds `srt-in-step`, which builds it inside the step, and
 `--forward-ms` waits after each step as the host does during a GPU forward (untimed), the time
 in which builds off the step run. srt's tree work runs on `--threads` threads (the proposer's
 default: the cores it may use, at most 4); `--one-thread` adds `srt-1-thread`. Past
 `--shared-max-tokens` the run-wide tree is rebuilt from its newest sequences (off the step, or
-in it with `--load-steps 0`): the slowest step shows what that costs.
+in it with `--load-steps 0`): the slowest step shows what that costs. Not a test.
+
+    .venv/bin/python bench/proposer_bench.py --rows 256 --tokens 8192 --own-tree --one-thread
+    .venv/bin/python bench/proposer_bench.py --rows 256 --tokens 8192 --verify --fixed-budget --history 16 --in-step
+    .venv/bin/python bench/proposer_bench.py --quick                     # a smoke run
 """
 
 from __future__ import annotations
@@ -47,12 +51,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.cache_scale import noisy_copy, zipf_tokens  # noqa: E402
+from bench.workloads import noisy_copy, zipf_tokens  # noqa: E402
 from cache_store.seqstore import LmdbSequenceStore  # noqa: E402
 from cache_store.uid import prompt_uid  # noqa: E402
 from srtcli.rollout.drafters import group_trees  # noqa: E402
-from srtcli.rollout.vllm.table import Table  # noqa: E402
+from srtcli.rollout.vllm.settings import ProposerSettings  # noqa: E402
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts, feed_threads  # noqa: E402
+from srtcli.tree_cache import TreeCache  # noqa: E402
 
 SHARED_BOUND = group_trees.SHARED_MAX_TOKENS  # the proposer's own
 EOS = 32_001  # never generated: rows end at their length, as a length-capped vLLM request does
@@ -211,18 +216,20 @@ def propose(prop: TreeDrafts | Arctic, batch: Batch, sampled: list[list[int]]) -
 
 
 def srt_proposer(args: argparse.Namespace, shared: bool, work: Workload, stores: str,
-                 cls: type = TreeDrafts, load_steps: int | None = None, threads: int | None = None) -> TreeDrafts:
-    """The srt proposer (`cls`: another version of it); with `--history`, on a store (under
-    `stores`) that holds each prompt's earlier responses from before its first request, as a
-    later epoch's cache does (built off the step, adopted `load_steps` steps later; 0: in it)."""
-    table = Table(None, args.tokens, [EOS], adaptive=not args.fixed_budget, shared=shared, fingerprint=FINGERPRINT,
-                  load_steps=args.load_steps if load_steps is None else load_steps, threads=threads)
-    store = None
+                 load_steps: int | None = None, threads: int | None = None) -> TreeDrafts:
+    """The srt proposer; with `--history`, on a cache (under `stores`) that holds each prompt's
+    earlier responses from before its first request, as a later epoch's cache does (built off
+    the step, adopted `load_steps` steps later; 0: in it)."""
+    settings = ProposerSettings(None, args.tokens, [EOS], adaptive=not args.fixed_budget, shared=shared,
+                                fingerprint=FINGERPRINT, load_steps=args.load_steps if load_steps is None else load_steps,
+                                threads=threads)
+    cache = None
     if args.history:
         store = LmdbSequenceStore.open(tempfile.mkdtemp(dir=stores))
         work.earlier = lambda prompt, resps: store.append(
             prompt_uid(prompt, FINGERPRINT), [[prompt[-1]] + r.tolist() for r in resps])  # anchor first
-    return cls(table, BUDGET, PROMPT_LEN + args.tokens + 8, store=store)
+        cache = TreeCache(store)
+    return TreeDrafts(settings, BUDGET, PROMPT_LEN + args.tokens + 8, cache=cache)
 
 
 def run(args: argparse.Namespace, stores: str) -> dict:
@@ -316,7 +323,7 @@ def main() -> None:
     ap.add_argument("--interleave", action="store_true", help="alternate the proposers step by step")
     ap.add_argument("--forward-ms", type=float, default=0.0,
                     help="untimed wait after each step, as for a GPU forward (loads off the step build then)")
-    ap.add_argument("--load-steps", type=int, default=Table().load_steps,
+    ap.add_argument("--load-steps", type=int, default=ProposerSettings().load_steps,
                     help="srt's stored trees are built off the step and adopted this many steps later (0: in it)")
     ap.add_argument("--in-step", action="store_true", help="also srt loading inside the step (srt-in-step)")
     ap.add_argument("--threads", type=int, default=None,

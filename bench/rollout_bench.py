@@ -14,25 +14,25 @@ and >= 1.3x suffix; at epoch 3 srt >= 1.3x arctic in speed and >= 1.5x in forwar
 least as fast as HF generate. Not a test; timings are noisy on a shared machine.
 
 `srt` samples its drafts by the policy probabilities the tree stored (p-hat) and stops with the
-leftover mass; `srt-counts` (`--no-draft-stop`) samples by the children's counts, as srt did
-before it stored p-hat. `srt-tree`, `srt-tree-wide` and `srt-tree-48` verify a draft tree of
-16, 32 and 48 nodes; the
-last is only run when named in `--configs` (it costs the most compute per forward), as are the
-`-tail` / `-no-tail` configs: the engine's tail trees (`--tail-nodes`) forced on (64 nodes) or
-off, where the others take the device's default (on with CUDA, off on a CPU). The summary
-prints each srt config's forwards against `arctic`, host time (wall minus model time) per
-forward and per generated token, srt against `none`, and each config's last-epoch forwards by
-how full they ran (bench/forward_rows.py): full batches against the long tail's few rows.
-`--coverage` adds, for the last epoch's drafted chains, the chance a drawn token is accepted
-against the policy's mass on the tree children it was drawn from (bench/draft_coverage.py).
+leftover mass; `srt-counts` (`--no-draft-stop`) samples by the children's counts, without
+p-hat. `srt-tree`, `srt-tree-wide` and `srt-tree-48` verify a draft tree of 16, 32 and 48
+nodes; the last is only run when named in `--configs` (it costs the most compute per forward),
+as are the `-tail` / `-no-tail` configs: the engine's tail trees (`--tail-nodes`) forced on (64
+nodes) or off, where the others take the device's default (on with CUDA, off on a CPU). The
+summary prints each srt config's forwards against `arctic`, and host time (wall minus model
+time) per forward and per generated token, srt against `none`.
 
 `--models M1,M2,...` gives each epoch its own policy (e.g. the bundled model and the checkpoints
 examples/rl_loop.sh trains from it), as in RL: the caches then hold an older policy's rollouts
 and probabilities, and the ceiling and HF generate use the last policy.
 
 `--repeat N` then runs each config's last epoch N more times, configs interleaved, each from a
-copy of its cache before that epoch and with the same seed (the same work every round;
-bench/repeat_epoch.py), and prints median wall and model times and per-round ratios: the
+copy of its cache before that epoch and with the same seed: the same work every round (the same
+tokens and forwards), so only the time differs, and a drift of the machine's speed hits the
+configs of one round alike. A drafter whose cache lives in the drafter object (`arctic`) is
+built afresh and warmed with the earlier epochs each round (untimed). Printed: each config's
+median wall and model time, the median over rounds of each round's ratio to `none` (and srt's
+to `arctic`), and the ratio of the configs' fastest rounds (a drift only ever adds time): the
 wall-time figures to quote on a machine whose speed drifts.
 
 At the end it measures the compute-bound ceiling (bench/oracle_drafter.py): greedy decoding of
@@ -66,19 +66,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-from bench.draft_coverage import measure_drafts  # noqa: E402
-from bench.forward_rows import by_fill, count_rows  # noqa: E402
-from bench.repeat_epoch import fastest_ratio, repeat, round_ratios, snapshot  # noqa: E402
 
 CONFIGS = {
     "none": dict(draft="none", run_ahead=False),
@@ -268,10 +265,8 @@ def main() -> None:
                     "at the end: plain, and replayed by a drafter whose every draft is accepted)")
     ap.add_argument("--repeat", type=int, default=0, metavar="N",
                     help="then the last epoch N more times per config, interleaved, from each config's cache "
-                         "before it (bench/repeat_epoch.py): wall-time ratios robust to the machine's drift")
+                         "before it: wall-time ratios robust to the machine's drift")
     ap.add_argument("--json-out")
-    ap.add_argument("--coverage", action="store_true", help="measure the last epoch's drafted chains against "
-                    "the acceptance their tree children allow (bench/draft_coverage.py; slows that epoch)")
     ap.add_argument("--profile", metavar="PREFIX", help="cProfile the last epoch of none and srt into "
                     "PREFIX-none.txt / PREFIX-srt.txt, raw stats beside them as .prof (host vs model time; slows "
                     "those two runs)")
@@ -312,27 +307,16 @@ def main() -> None:
                         work / f"pool-{name}-{epoch}")
             o["seed"] = args.seed + epoch  # fresh samples every epoch, as in RL (never replay an epoch)
             o["drafter"] = drafters.get(name)
-            measure = args.coverage and epoch == args.epochs
-            with count_rows() as rows, (measure_drafts() if measure else nullcontext()) as coverage:
-                if args.profile and epoch == args.epochs and name in ("none", "srt"):
-                    s = profiled(embedded_rollout, o, f"{args.profile}-{name}.txt")
-                else:
-                    s = embedded_rollout(**o)
-            s["forwards_by_rows"] = by_fill(rows, args.batch_size)
-            if measure:
-                s["draft_coverage"] = coverage.summary()
+            if args.profile and epoch == args.epochs and name in ("none", "srt"):
+                s = profiled(embedded_rollout, o, f"{args.profile}-{name}.txt")
+            else:
+                s = embedded_rollout(**o)
             results[name].append(s)
             host = host_cost(s)[0]
             print(f"epoch {epoch} {name:14s} wall {s['wall_s']:7.2f}s  cpu {s['cpu_s']:7.2f}s  "
                   f"{s['tokens_per_s']:7.1f} tok/s  model {s['model_s']:6.2f}s  host/forward {host:5.2f} ms  "
                   f"accepted/forward {s['accepted_per_forward']:.3f}  acceptance {s['draft_acceptance_rate']:.3f}  "
                   f"run-ahead {s['run_ahead_tokens']}", flush=True)
-    print(f"\nepoch {args.epochs} forwards by the rows they carried (of {args.batch_size} slots; run-ahead rows "
-          "and prefill forwards included):")
-    for name in names:
-        print(f"{name:20s} " + "  ".join(f"{label}: {n:3d}" for label, n in results[name][-1]["forwards_by_rows"]))
-    if args.coverage:
-        print_coverage(results, names, args.epochs)
     ref = hf_generate(args, model, prompts)
     print(f"HF generate (batched sampling): wall {ref['wall_s']:.2f}s  {ref['tokens_per_s']:.1f} tok/s")
     if "none" in names:  # HF generate runs no tools: compare with `none` under the same terms
@@ -348,9 +332,9 @@ def main() -> None:
             o.update(seed=args.seed + epoch, drafter=drafter)
             return embedded_rollout(**o)
 
-        results["repeat"] = repeat(args.repeat, names, args.epochs, work, run,
-                                   lambda name: outside_drafters([name]).get(name),
-                                   {n: results[n][-1]["target_forwards"] for n in names})
+        results["repeat"] = repeat_last_epoch(args.repeat, args.epochs, work, run,
+                                              {n: results[n][-1]["target_forwards"] for n in names})
+        report_repeat(results["repeat"], args.epochs)
     ceiling = measure_ceiling(args, model, prompts, work) if "srt" in names and not args.no_ceiling else {}
     if ceiling and "none" in names and args.repeat:
         against_ceiling(results["repeat"], ceiling, args.epochs)
@@ -397,6 +381,90 @@ def against_ceiling(rounds: dict, ceiling: dict, epoch: int) -> None:
           f"{fast:.2f}x, {fast / cf:.2f} of {cf:.2f}x (target: >= 1.6x, or >= 0.9 of the ceiling)")
 
 
+# -- `--repeat N`: the last epoch again, the same work every round ----------------------------
+
+
+def snapshot(cache: Path) -> None:
+    """A copy of a config's cache before its last epoch: every repeated round starts from it."""
+    keep = cache.with_name(cache.name + "-before-last")
+    shutil.rmtree(keep, ignore_errors=True)
+    if cache.exists():
+        shutil.copytree(cache, keep)
+
+
+def repeat_last_epoch(rounds: int, epochs: int, work: Path, run: Callable[[str, int, Path, Path, object], dict],
+                      forwards: dict[str, int]) -> dict[str, list[dict]]:
+    """{config: [summary per round]}; `run(name, epoch, cache, out, drafter)` runs one epoch;
+    `forwards`: each config's target forwards in its last epoch, which every round must repeat."""
+    out: dict[str, list[dict]] = {n: [] for n in forwards}
+    for r in range(rounds):
+        for name in forwards:
+            cache = work / f"repeat-{name}-{r}"
+            drafter = outside_drafters([name]).get(name)
+            if drafter is not None:  # its cache is the object: warm it as the epochs did (untimed)
+                for e in range(1, epochs):
+                    run(name, e, cache, work / f"repeat-pool-{name}-{r}-{e}", drafter)
+            elif (work / f"cache-{name}-before-last").exists():
+                shutil.copytree(work / f"cache-{name}-before-last", cache)
+            s = run(name, epochs, cache, work / f"repeat-pool-{name}-{r}", drafter)
+            if s["target_forwards"] != forwards[name]:
+                print(f"{name}: round {r + 1} took {s['target_forwards']} forwards, the last epoch "
+                      f"{forwards[name]}: not the same work")
+            out[name].append(s)
+            shutil.rmtree(cache, ignore_errors=True)
+    return out
+
+
+def wall(s: dict) -> float:
+    return s["wall_s"]
+
+
+def round_ratios(num: list[dict], den: list[dict], key: Callable[[dict], float] = wall) -> list[float]:
+    """key(den) / key(num) in each round: `num`'s speed-up on `den`."""
+    return [key(d) / key(n) for n, d in zip(num, den)]
+
+
+def fastest_ratio(num: list[dict], den: list[dict], key: Callable[[dict], float] = wall) -> float:
+    """The fastest rounds' ratio, min of key(den) / min of key(num): a drift only ever adds time,
+    so a config's fastest round is the best estimate of what its work costs."""
+    return min(map(key, den)) / min(map(key, num))
+
+
+def spread(num: list[dict], den: list[dict], key: Callable[[dict], float] = wall) -> str:
+    """Median [min-max] over rounds of `round_ratios`."""
+    rs = round_ratios(num, den, key)
+    return f"{statistics.median(rs):.2f}x [{min(rs):.2f}-{max(rs):.2f}]"
+
+
+def report_repeat(out: dict[str, list[dict]], epochs: int) -> None:
+    def host_ms(s: dict) -> float:
+        return host_cost(s)[0]
+
+    def host_us(s: dict) -> float:
+        return host_cost(s)[1]
+
+    def model(s: dict) -> float:
+        return s["model_s"]
+
+    rounds = len(next(iter(out.values())))
+    print(f"\nepoch {epochs} repeated {rounds}x, configs interleaved, same work every round: median "
+          "(per-round ratios: median [min-max])")
+    for name, ss in out.items():
+        line = (f"{name:16s} forwards {ss[0]['target_forwards']:4d}  wall {statistics.median(map(wall, ss)):6.2f}s"
+                f"  model {statistics.median(map(model, ss)):6.2f}s  host/forward "
+                f"{statistics.median(map(host_ms, ss)):5.2f} ms  (fastest round: wall {min(map(wall, ss)):5.2f}s)")
+        if "none" in out and name != "none":
+            none = out["none"]
+            line += (f"  vs none: wall {spread(ss, none)}, fastest {fastest_ratio(ss, none):.2f}x  model "
+                     f"{spread(ss, none, model)}  host/forward {spread(none, ss, host_ms)}  host/token "
+                     f"{spread(none, ss, host_us)}")
+        print(line)
+    for other, target in (("arctic", "(target >= 1.3x)"), ("none", "(target >= 1.6x, or within 10% of the ceiling)")):
+        if "srt" in out and other in out:
+            print(f"epoch {epochs} srt vs {other}, wall (repeated): {spread(out['srt'], out[other])}; "
+                  f"fastest rounds {fastest_ratio(out['srt'], out[other]):.2f}x {target}")
+
+
 def outside_drafters(names: list[str]) -> dict:
     """The drafter objects of the configs srt has no --draft for (`arctic` and its variants),
     each built once so its cache lives across the epochs; a missing package skips them with a note."""
@@ -416,20 +484,6 @@ def embedded_rollout(drafter=None, **o) -> dict:
     from srtcli.rollout.embedded import EmbeddedBackend
 
     return run_rollout(RolloutConfig(**o), EmbeddedBackend(o["device"], drafter))
-
-
-def print_coverage(results: dict, names: list[str], epochs: int) -> None:
-    """The last epoch's chains: draft tokens accepted per chain, and at their first and later
-    positions the chance a drafted token is accepted against the policy's mass on the tree
-    children it was drawn from (what the best proposal over them would get)."""
-    print(f"\nepoch {epochs} drafted chains, acceptance against coverage (bench/draft_coverage.py; tree drafts "
-          "not counted):")
-    for name in names:
-        c = results[name][-1].get("draft_coverage")
-        if c and c["chains"]:
-            print(f"{name:20s} chains {c['chains']:5d}  accepted/chain {c['accepted_per_chain']:.2f}  first token "
-                  f"{c['first_acceptance']:.3f} of {c['first_coverage']:.3f}  later {c['later_acceptance']:.3f} "
-                  f"of {c['later_coverage']:.3f}")
 
 
 def profiled(fn, o: dict, path: str) -> dict:

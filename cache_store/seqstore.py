@@ -4,7 +4,7 @@ srt's cache format (docs/cache.md, "The sequence store"). Instead of one tree re
 the rollouts themselves (token arrays with the tick they were written at and a weight):
 
     store = LmdbSequenceStore.open(path)        # creates the store if needed
-    tree = load_tree(store, uid)                # SuffixTree of the decayed sequences
+    tree = load_tree(store, uid)                # SuffixTree of its newest decayed sequences
     ... stream this group's rollouts into `tree` (tree.stream()) and draft from it ...
     store.append_many({uid: [tokens, ...]})     # writes only the new sequences
     store.tick()                                # once per rollout batch
@@ -37,14 +37,20 @@ from cache_store.clock import DEFAULT_FLOOR, DEFAULT_HALF_LIFE, check_settings, 
 from cache_store import seqprune, seqstats, seqtransfer
 from cache_store.errors import CacheError, CorruptRecord, CorruptTreeWarning
 from cache_store.seqenv import SeqEnv, open_seq_env, record_key
-from cache_store.seqload import LOAD_NEWEST, LOAD_TOKENS, load_tree, newest_stored
 from cache_store.seqprune import PruneCriteria, PrunePlan
 from cache_store.seqstats import PromptSummary, SeqStoreStats
 from cache_store.seqtransfer import ImportReport
 
 __all__ = ["LOAD_NEWEST", "LOAD_TOKENS", "ImportReport", "LmdbSequenceStore", "PromptSummary", "PruneCriteria",
-           "PrunePlan", "SeqStoreStats", "SequenceStore", "StoredSequence", "load_tree", "newest_stored"]
+           "PrunePlan", "SeqStoreStats", "SequenceStore", "StoredSequence", "load_tree"]
+from cache_store.suffix_tree import SuffixTree
 from cache_store.uid import is_uid
+
+# A build costs about a microsecond per token and runs inside the engine step that first needs
+# the prompt, and a live tree holds ~100 bytes per token, so a load keeps only the prompt's
+# newest sequences; the older ones stay in the store until decay or `srt cache prune` removes them.
+LOAD_NEWEST = 1 << 17  # sequences a load keeps at most (a suffix tree holds 524,287)
+LOAD_TOKENS = 1 << 17  # tokens a load keeps at most (`srt rollout --load-tokens`): 16 x 8,192 tokens
 
 @dataclass(frozen=True)
 class StoredSequence:
@@ -292,3 +298,11 @@ class LmdbSequenceStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def load_tree(store: SequenceStore, uid: str, max_depth: int = 64, newest: int = LOAD_NEWEST,
+              tokens: int = LOAD_TOKENS) -> SuffixTree:
+    """The prompt's tree: its newest stored sequences above the floor (at most `newest` of them
+    and `tokens` tokens in all), weighted by their decay."""
+    seqs = store.read(uid, newest, tokens)
+    return SuffixTree.from_sequences(((s.tokens, s.weight, s.probs) for s in seqs), max_depth)

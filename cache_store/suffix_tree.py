@@ -1,17 +1,19 @@
-"""The per-prompt suffix tree: the same drafts as `TokenTree`, at a few nodes per token.
+"""The per-prompt token tree: weighted token sequences and their suffix tree, for drafting.
 
 A `SuffixTree` holds weighted token sequences and, over them, every window s[i .. i+D) of
 each (D = `max_depth`, default 64) as a path-compressed tree whose edges point into the
 stored token arrays. `count(path)` is the weighted number of occurrences of `path` (length
-<= D) as a substring of the stored sequences, exactly what `TokenTree.count` is for the same
-sequences inserted with the same weights; `draft` and `draft_tree` follow the same rules
-(docs/cache.md, "Drafting") and return the same results, bit for bit when the weights are
-exact binary fractions (tests/cache_store/test_suffix_tree.py checks this against the trie).
+<= D) as a substring of the stored sequences. Drafting finds the longest tail of the context
+that is a path with children and follows the children with the highest C(v) = count(v) /
+(sum of the counts of v and its siblings): `draft` greedily, `draft_tree` best-first. The
+exact rules (match cap, ties, threshold, draft tree order) are in docs/cache.md, "Drafting";
+tests/cache_store/reference_tree.py writes them out in plain Python, and the tests hold this
+tree to it bit for bit when the weights are exact binary fractions.
 
-Why a second tree: a depth-bounded suffix *trie* holds up to D nodes per token (56 per token
-on long reasoning rollouts); this tree holds about 1.6, and a sequence's decay is one weight
-instead of a multiplication of every node, so persistence can store the sequences themselves
-(cache_store.seqstore) and rebuild the tree when loading.
+Why path-compressed: a depth-bounded suffix *trie* holds up to D nodes per token (56 per
+token on long reasoning rollouts); this tree holds about 1.6, and a sequence's decay is one
+weight instead of a multiplication of every node, so persistence can store the sequences
+themselves (cache_store.seqstore) and rebuild the tree when loading.
 
 For an engine step over many rows there are two batched calls, `feed_many` and `draft_many`:
 one C call for all rows instead of a Python loop over them, its tree work without the GIL and
@@ -33,8 +35,6 @@ from array import array
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from cache_store.trie import Draft, DraftTree
-
 try:
     from cache_store import _stree
 except ImportError as e:  # pragma: no cover - only in a checkout that was never built
@@ -45,7 +45,30 @@ except ImportError as e:  # pragma: no cover - only in a checkout that was never
 
 MAX_DEPTH_LIMIT: int = _stree.MAX_DEPTH_LIMIT
 
-__all__ = ["Draft", "DraftTree", "SuffixTree", "SuffixStream", "TreeStats", "feed_many", "draft_many"]
+__all__ = ["Draft", "DraftTree", "SuffixTree", "SuffixStream", "TreeStats", "best_draft", "draft_many", "feed_many",
+           "merged_draft", "pick_stream", "sample_draft"]
+
+
+@dataclass(slots=True)
+class Draft:
+    """A greedy draft: `tokens[i]` was chosen with conditional frequency `probs[i]` (C of that
+    node); `match_len` is the length of the context tail it was drafted from (0: no match)."""
+
+    tokens: list[int]
+    probs: list[float]
+    match_len: int
+
+
+@dataclass(slots=True)
+class DraftTree:
+    """A best-first draft tree: node i is `tokens[i]`, child of node `parents[i]` (-1: child of
+    the matched context), with conditional frequency `probs[i]`. Parents precede children, and
+    nodes come in order of decreasing path score (product of C along the path)."""
+
+    tokens: list[int]
+    parents: list[int]
+    probs: list[float]
+    match_len: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +164,12 @@ class SuffixTree:
         return self._t.count(path)
 
     def draft(self, context: Sequence[int], budget: int = 16, min_prob: float = 0.1) -> Draft:
-        """Greedy draft of at most `budget` tokens continuing `context` (as `TokenTree.draft`)."""
+        """Greedy draft of at most `budget` tokens continuing `context` (see the module docstring)."""
         tokens, probs, match_len = self._t.draft(context, budget, min_prob)
         return Draft(tokens, probs, match_len)
 
     def draft_tree(self, context: Sequence[int], budget: int = 16, min_prob: float = 0.1) -> DraftTree:
-        """Best-first draft tree of at most `budget` nodes (as `TokenTree.draft_tree`)."""
+        """Best-first draft tree of at most `budget` nodes continuing `context`."""
         tokens, parents, probs, match_len = self._t.draft_tree(context, budget, min_prob)
         return DraftTree(tokens, parents, probs, match_len)
 
@@ -227,6 +250,22 @@ def draft_many(streams: list[tuple], rooms: Any, min_prob: float, threads: int =
     sequence, the one with the largest expected accepted length (the first on ties); [] where
     the room is <= 0. The trees are read without the GIL, rows shared out to up to `threads`."""
     return _stree.draft_many(streams, rooms, min_prob, threads)
+
+
+def pick_stream(streams: tuple, room: int, min_prob: float) -> int:
+    """Which of a sequence's streams (a tuple of `SuffixStream`, its prompt tree's first) drafts
+    for it: the one whose greedy draft of at most `room` tokens has the largest expected
+    accepted length (the sum of its prefixes' path probabilities, C along the path), the first
+    on ties; 0 when there is no room. The one rule every draft uses (`draft_many`,
+    `sample_draft`, `merged_draft`, `best_draft`). It depends on the context and the trees only,
+    so verification stays exact."""
+    return _stree.pick_stream(tuple(s.core for s in streams), room, min_prob)
+
+
+def best_draft(streams: tuple, budget: int, min_prob: float) -> tuple[SuffixStream, Draft]:
+    """The stream `pick_stream` picks and its greedy draft (`SuffixStream.draft`)."""
+    stream = streams[pick_stream(streams, budget, min_prob)]
+    return stream, stream.draft(budget, min_prob)
 
 
 def sample_draft(streams: tuple, budget: int, min_prob: float,

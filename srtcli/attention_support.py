@@ -1,7 +1,7 @@
 """What srt's own attention implements, checked on a loaded model before anything runs.
 
 srt replaces a model's attention in the rollout engine (`srt_slots`,
-`srtcli.rollout.engine.slot_cache`) and in packed training (`srt_tree`, `attention.hf`). Both
+`srtcli.rollout.engine.kv_cache`) and in packed training (`srt_tree`, `attention.hf`). Both
 compute what transformers' eager attention computes from what each layer passes: scaled
 dot-product attention with the layer's `scaling` and grouped KV heads, the layer's
 `sliding_window` (key k visible to query q iff 0 <= pos_q - pos_k < window, positions being

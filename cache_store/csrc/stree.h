@@ -207,6 +207,7 @@ int st_is_streams(PyObject *o);
 Py_ssize_t st_best_stream(PyObject *streams, Py_ssize_t room, double min_prob, int32_t *toks, double *probs,
                           Py_ssize_t *n);
 PyObject *st_sample_draft(PyObject *self, PyObject *args);
+PyObject *st_pick_stream_py(PyObject *self, PyObject *args);
 /* A row's streams in the order its drafts use them: the picked one first, then the others. */
 static inline const Stream *st_picked_first(PyObject *streams, Py_ssize_t pick, Py_ssize_t k) {
     return (const Stream *)PyTuple_GET_ITEM(streams, k == 0 ? pick : (k - 1 < pick ? k - 1 : k));

@@ -165,6 +165,19 @@ Py_ssize_t st_pick_stream(PyObject *streams, Py_ssize_t room, double min_prob) {
     return pick;
 }
 
+/* pick_stream(streams, room, min_prob) -> the index of the stream a row drafts from: the one
+ * rule every draft uses (`st_best_stream`), for the greedy drafts Python makes one stream at a
+ * time; 0 when there is no room. */
+PyObject *st_pick_stream_py(PyObject *self, PyObject *args) {
+    PyObject *streams;
+    Py_ssize_t room;
+    double min_prob;
+    if (!PyArg_ParseTuple(args, "O!nd", &PyTuple_Type, &streams, &room, &min_prob)) return NULL;
+    if (st_check_row(streams, room, min_prob, "pick_stream") < 0) return NULL;
+    Py_ssize_t pick = room == 0 ? 0 : st_pick_stream(streams, room, min_prob);
+    return pick < 0 ? NULL : PyLong_FromSsize_t(pick);
+}
+
 /* The best-first draft trees of a row's first `nt` streams, of at most `budget` nodes each, in
  * the order its drafts use them (`st_picked_first`); -1 with an exception set, nothing left to
  * free. */

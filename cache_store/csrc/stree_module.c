@@ -434,6 +434,7 @@ static PyMethodDef module_methods[] = {
     {"sample_draft", st_sample_draft, METH_VARARGS,
      "sample_draft(streams, budget, min_prob, random, stop=False) -> (tokens, qs, dists)"},
     {"merged_draft", st_merged_draft, METH_VARARGS, "merged_draft(streams, nodes, min_prob) -> (tokens, parents)"},
+    {"pick_stream", st_pick_stream_py, METH_VARARGS, "pick_stream(streams, room, min_prob) -> the stream a row drafts from"},
     {NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stree", "Compiled core of cache_store.suffix_tree.", -1,

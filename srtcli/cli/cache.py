@@ -26,7 +26,7 @@ from typing import Any
 import click
 
 from srtcli.cli.config import config_option
-from srtcli.cache import open_store
+from srtcli.tree_cache import open_store
 from srtcli.errors import SrtError
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from cache_store.seqload import LOAD_TOKENS
+from cache_store.seqstore import LOAD_TOKENS
 
 TREE_ATTENTION = ("sdpa", "eager")  # the attentions that verify a draft tree (srt_slots' mask)
 TAIL_NODES = 64  # a tail tree's nodes at most (the engine's `tail_nodes`)
@@ -84,7 +84,7 @@ class RolloutConfig:
     def adaptive(self, device_type: str) -> bool:
         """--adaptive-budget unless set: on a CPU verified tokens cost FLOPs and adapting paid for
         itself; with CUDA they are nearly free and a fixed budget takes fewer forwards
-        (docs/benchmarks.md, Rollout: 121 vs 147 forwards at epoch 3)."""
+        (docs/benchmarks.md, "What each of srt's parts is worth")."""
         if self.adaptive_budget is not None:
             return bool(self.adaptive_budget)
         return device_type != "cuda"
@@ -93,8 +93,8 @@ class RolloutConfig:
         """--tail-nodes unless set: TAIL_NODES with CUDA where the model's attention can verify a
         tree (sdpa, eager), else 0. A tail tree turns the long tail's cheap small forwards into
         full ones with fewer of them: a gain where a forward costs about the same whatever its
-        tokens (a GPU), a loss on a CPU (docs/benchmarks.md: 18% fewer forwards, 17-19% more
-        model time)."""
+        tokens (a GPU), a loss on a CPU (docs/benchmarks.md, "What each of srt's parts is
+        worth")."""
         if self.tail_nodes is not None:
             return self.tail_nodes
         return TAIL_NODES if device_type == "cuda" and attn in TREE_ATTENTION else 0

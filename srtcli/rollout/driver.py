@@ -1,10 +1,11 @@
 """One rollout, whichever engine generates it: the engine is a `Backend`, everything else is here.
 
 The driver plans the run (srtcli.rollout.plan: cache keys, reward, what a resumed pool still
-needs), opens the tree cache and the pool, lets the backend generate one rollout batch after
+needs), opens the tree cache (`srtcli.tree_cache.TreeCache`, which the backend's drafters load
+from and hand sequences to) and the pool, lets the backend generate one rollout batch after
 another, writes each finished group (a reward per sample, one pool step per model turn, then a
-flush: a killed run leaves whole groups), advances the cache clock after each batch, shows
-progress, and builds the summary. Backends: `srtcli.rollout.embedded.EmbeddedBackend` (srt's
+flush: a killed run leaves whole groups), ticks the cache after each batch (what the batch
+wrote is appended, then the clock advances), shows progress, and builds the summary. Backends: `srtcli.rollout.embedded.EmbeddedBackend` (srt's
 own engine) and `srtcli.rollout.vllm.engine.VllmBackend` (vLLM's offline API).
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from srtcli.cache import open_cache
+from srtcli.tree_cache import TreeCache
 from srtcli.progress import Bar, progress
 from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.plan import Plan, plan
@@ -21,11 +22,11 @@ from srtcli.rollout.steps import Sample, turn_steps
 from srtcli.rollout.summary import Counts, Run, summary
 
 
-class Groups:
-    """Where a backend hands finished groups and the end of each rollout batch."""
+class GroupWriter:
+    """Where a backend hands finished groups (written to the pool) and the end of each rollout batch."""
 
-    def __init__(self, writer: Any, pl: Plan, k: int, bar: Bar, store: Any, temperature: float):
-        self.writer, self.plan, self.k, self.bar, self.store = writer, pl, k, bar, store
+    def __init__(self, writer: Any, pl: Plan, k: int, bar: Bar, cache: TreeCache | None, temperature: float):
+        self.writer, self.plan, self.k, self.bar, self.cache = writer, pl, k, bar, cache
         self.temperature = temperature
         self.rewards: list[float] = []  # one per trajectory written by this run
 
@@ -40,9 +41,9 @@ class Groups:
         self.bar.advance()
 
     def batch_done(self) -> None:
-        """A rollout batch ended (its sequences are in the store): advance the cache clock."""
-        if self.store is not None:
-            self.store.tick()
+        """A rollout batch ended: its sequences reach the cache, then its clock advances."""
+        if self.cache is not None:
+            self.cache.tick()
 
 
 class Backend(Protocol):
@@ -54,10 +55,10 @@ class Backend(Protocol):
     def check(self, pl: Plan) -> None:
         """What must fail before the cache is opened (the plan is known now)."""
 
-    def start(self, pl: Plan, store: Any) -> None:
-        """Ready to generate, drafting from `store` (None when the run uses no cache)."""
+    def start(self, pl: Plan, cache: TreeCache | None) -> None:
+        """Ready to generate, drafting from `cache` (None when the run uses no cache)."""
 
-    def generate(self, pl: Plan, groups: Groups) -> None:
+    def generate(self, pl: Plan, groups: GroupWriter) -> None:
         """Every batch of `pl.chunks` in order, each group to `groups.group`, then `batch_done`."""
 
     def close(self) -> None:
@@ -82,28 +83,28 @@ def run_rollout(config: RolloutConfig, backend: Backend) -> dict[str, Any]:
 
 
 def _generate(config: RolloutConfig, backend: Backend, pl: Plan) -> dict[str, Any]:
-    store = open_cache(config.cache_opt) if config.uses_cache else None
+    cache = TreeCache.open(config.cache_opt) if config.uses_cache else None
     try:
-        backend.start(pl, store)
+        backend.start(pl, cache)
         t0, c0 = time.perf_counter(), time.process_time()
-        rewards = _write(config, backend, pl, store)
+        rewards = _write(config, backend, pl, cache)
     finally:
         backend.close()
-        if store is not None:
-            store.close()
+        if cache is not None:
+            cache.close()
     run = Run(time.perf_counter() - t0, time.process_time() - c0, rewards, len(pl.prompts), len(pl.skip))
     counts, middle, tail = backend.report(run)
     return summary(config, run, counts, pl.out, middle, tail)
 
 
-def _write(config: RolloutConfig, backend: Backend, pl: Plan, store: Any) -> list[float]:
+def _write(config: RolloutConfig, backend: Backend, pl: Plan, cache: TreeCache | None) -> list[float]:
     """Generate into the pool; the rewards of the trajectories written."""
     from srtcli.pool import PoolWriter
 
     writer = PoolWriter(pl.out, resume=config.resume, fsync_every=1 << 30)
     try:
         with progress("rollout (prompts)", total=len(pl.todo)) as bar:
-            groups = Groups(writer, pl, config.k, bar, store, config.temperature)
+            groups = GroupWriter(writer, pl, config.k, bar, cache, config.temperature)
             backend.generate(pl, groups)
     finally:
         writer.close()

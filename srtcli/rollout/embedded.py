@@ -12,7 +12,7 @@ from typing import Any
 
 from srtcli.errors import SrtError
 from srtcli.rollout.config import TREE_ATTENTION, RolloutConfig
-from srtcli.rollout.driver import Groups
+from srtcli.rollout.driver import GroupWriter
 from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
 from srtcli.rollout.steps import Sample
 from srtcli.rollout.summary import Counts, Run, reward_mean
@@ -100,14 +100,13 @@ class EmbeddedBackend:
         self.max_len = min(self.ctx, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + room)
         check_kv_fits(self.model, self.slots, self.max_len)  # before the cache dir is opened
 
-    def start(self, pl: Plan, store: Any) -> None:
+    def start(self, pl: Plan, cache: Any) -> None:
         from srtcli.rollout.engine.engine import Engine
         from srtcli.rollout.engine.sampling import SamplingParams
         from srtcli.rollout.model_facts import eos_ids
 
         c, model = self.config, self.model
-        self.store = store
-        self.drafter = self.given_drafter if self.given_drafter is not None else make_drafter_for(c, store)
+        self.drafter = self.given_drafter if self.given_drafter is not None else make_drafter_for(c, cache)
         eos = eos_ids(self.tok, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
         stop_fn = turn_end = None
         if self.agent is not None:
@@ -119,7 +118,7 @@ class EmbeddedBackend:
                              adaptive=c.adaptive(self.device_type),
                              tail_nodes=c.tail_trees(self.device_type, model.config._attn_implementation))
 
-    def generate(self, pl: Plan, groups: Groups) -> None:
+    def generate(self, pl: Plan, groups: GroupWriter) -> None:
         from srtcli.rollout.runahead import RunAhead, run_batches
 
         c = self.config
@@ -137,15 +136,10 @@ class EmbeddedBackend:
             self.drafter.group_done(seq.group)
             del finished[seq.group]
 
-        def on_batch_end(b: int) -> None:
-            if self.store is not None:
-                self.drafter.flush()  # this batch's sequences reach LMDB before the clock advances
-            groups.batch_done()
-
         batches, upcoming = rollout_batches(c, pl)
         run_batches(self.engine, batches, upcoming,
                     RunAhead(self.run_ahead, window=max(pl.per, 1), tokens=c.run_ahead_tokens),
-                    on_finished, on_batch_end)
+                    on_finished, lambda b: groups.batch_done())
 
     def close(self) -> None:
         if self.hooks is not None:
@@ -179,12 +173,12 @@ def rollout_batches(c: RolloutConfig, pl: Plan) -> tuple[list, list]:
     return batches, [[Upcoming(uids[i], prompts[i].ids) for i in n] for n in nxt]
 
 
-def make_drafter_for(c: RolloutConfig, store: Any) -> Any:
-    """The drafter --draft names (srt: over the tree cache `store`)."""
+def make_drafter_for(c: RolloutConfig, cache: Any) -> Any:
+    """The drafter --draft names (srt: over the tree cache `cache`)."""
     from srtcli.rollout.drafters import make_drafter
 
     if c.draft == "srt":
-        return make_drafter("srt", store=store, min_prob=c.min_prob, mode=c.draft_mode, seed=c.seed,
+        return make_drafter("srt", cache=cache, min_prob=c.min_prob, mode=c.draft_mode, seed=c.seed,
                             shared=c.shared_tree, stop=c.draft_stop, record_probs=c.temperature > 0,
                             load_tokens=c.load_tokens)
     return make_drafter(c.draft)

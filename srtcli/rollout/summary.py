@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from srtcli.cache import cache_dir
+from srtcli.tree_cache import cache_dir
 from srtcli.rollout.config import RolloutConfig
 
 # the summary keys docs/rollout.md promises (the JSON has these and a few more)

@@ -6,7 +6,7 @@ tool calls, any user tool). The syntax here is fixed in docs/formats.md. The mod
 for the call that closing tag ends, runs it with `run_tool(name, call)` and appends the returned
 `<result>VALUE</result>` as non-trained tokens before the next turn.
 
-    call = find_tool_call(text)            # ToolCall | None
+    call = find_tool_call(text)            # ToolCall(name, {"expression": EXPR}) | None
     if call is not None:
         text += run_tool(call.name, call)  # "<result>12</result>" or "<result>error</result>"
 
@@ -19,23 +19,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from srtcli.errors import SrtError
+from srtcli.rollout.agent.toolset import ToolCall
 # re-exported: the tag format's calculator is the one tool implementation
 from srtcli.rollout.agent.calculator import ERROR, calculator, evaluate  # noqa: F401
 
 CALC_OPEN, CALC_CLOSE = "<calc>", "</calc>"
 RESULT_OPEN, RESULT_CLOSE = "<result>", "</result>"
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One complete tool call found in generated text.
-
-    `end` is the index in the text just past the closing tag (the engine's turn ends there).
-    """
-
-    name: str
-    expr: str
-    end: int
 
 
 @dataclass(frozen=True)
@@ -58,8 +47,9 @@ def find_tool_call(text: str) -> ToolCall | None:
     """The tool call whose closing tag ends `text` (trailing whitespace allowed), or None.
 
     Only a call at the very end counts: calls earlier in the text were answered already. The
-    expression is what lies between that closing tag and the nearest opening tag before it;
-    a closing tag without an opening tag since the previous result is not a call.
+    expression (the call's one argument, `expression`) is what lies between that closing tag
+    and the nearest opening tag before it; a closing tag without an opening tag since the
+    previous result is not a call.
     """
     stripped = text.rstrip()
     for tool in TOOLS.values():
@@ -72,7 +62,7 @@ def find_tool_call(text: str) -> ToolCall | None:
         expr = stripped[open_at + len(tool.open_tag) : close_at]
         if tool.close_tag in expr or RESULT_CLOSE in expr:
             return None  # the opening tag belongs to an earlier, already closed call
-        return ToolCall(tool.name, expr, close_at + len(tool.close_tag))
+        return ToolCall(tool.name, {"expression": expr})
     return None
 
 
@@ -85,7 +75,7 @@ def run_tool(name: str, call: ToolCall | str) -> str:
     tool = TOOLS.get(name)
     if tool is None:
         raise SrtError(f"unknown tool {name!r}; known: {', '.join(sorted(TOOLS))}")
-    expr = call.expr if isinstance(call, ToolCall) else call
+    expr = call.arguments["expression"] if isinstance(call, ToolCall) else call
     return result_tag(tool.run(expr))
 
 

@@ -19,8 +19,8 @@ from cache_store import seqrecord, seqstore
 from cache_store.errors import CorruptRecord, NotACacheError, OldFormatError
 from cache_store.seqstore import LmdbSequenceStore, PruneCriteria, load_tree
 from cache_store.suffix_tree import SuffixTree
-from cache_store.trie import TokenTree
 from cache_store.uid import prompt_uid
+from tests.cache_store.reference_tree import ReferenceTree
 from tests.cache_store.support import dir_digest, old_format_cache
 
 UIDS = [prompt_uid([k], "seqstore") for k in range(3)]
@@ -151,17 +151,13 @@ def test_load_builds_the_tree_of_the_decayed_sequences(tmp_path):
     s.tick()
     s.append(UIDS[0], [rollout(2)])
     tree = load_tree(s, UIDS[0], max_depth=8)
-    want, old = SuffixTree(8), TokenTree(8)
+    want, ref = SuffixTree(8), ReferenceTree(8)
     for i, w in ((0, 0.5), (1, 0.5), (2, 1.0)):
-        want.add(rollout(i), w)
-        one = TokenTree(8)
-        one.insert(rollout(i))
-        one.scale(w)
-        old.merge(one)
+        want.add(rollout(i), w), ref.add(rollout(i), w)
     for ctx in ([rollout(0)[:k] for k in range(1, 30)] + [rollout(2)[:k] for k in range(1, 30)]):
-        assert tree.draft(ctx) == want.draft(ctx) == old.draft(ctx)
-        assert tree.draft_tree(ctx) == old.draft_tree(ctx)
-        assert tree.count(ctx[-8:]) == old.count(ctx[-8:])
+        assert tree.draft(ctx) == want.draft(ctx) == ref.draft(ctx)
+        assert tree.draft_tree(ctx) == ref.draft_tree(ctx)
+        assert tree.count(ctx[-8:]) == ref.count(ctx[-8:])
     s.close()
 
 

@@ -1,12 +1,13 @@
-"""The suffix tree against today's token trie and the pure-Python reference, on random and
-adversarial programs: every count, every draft and every draft tree must be identical.
+"""The suffix tree against the reference token tree (tests/cache_store/reference_tree.py), on
+random and adversarial programs: every count, every draft and every draft tree must be identical.
 
 A program adds finished sequences with weights, opens live streams, extends them in chunks
 (interleaved), closes them, and checks all counts mid-way. Weights are exact binary fractions
-(or small integers) so every sum the three implementations compute is exact and they must
-agree bit for bit. Workloads lean on what breaks suffix trees: tiny alphabets, period-1 and
-period-2 strings, long repeats, sequences shorter and longer than the depth bound, many
-identical sequences. Deliberately wrong variants of the tree must be caught by the same search.
+(or small integers) so every sum both implementations compute is exact and they must agree bit
+for bit. Workloads lean on what breaks suffix trees: tiny alphabets, period-1 and period-2
+strings, long repeats, sequences shorter and longer than the depth bound, many identical
+sequences. Deliberately wrong variants, of the tree and of the reference (each breaking one
+drafting rule), must be caught by the same search.
 """
 
 from __future__ import annotations
@@ -16,33 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache_store.suffix_tree import SuffixTree
-from cache_store.trie import TokenTree
+from tests.cache_store.reference_tree import ReferenceTree
 from tests.cache_store.support import first_caught
-from tests.cache_store.test_trie_reference import Ref, tree_paths
 
 WEIGHTS = [1.0, 1.0, 0.5, 0.25, 0.75, 2.0, 3.0]
-
-
-class Twin:
-    """Today's trie and the Python reference fed the same operations (the expected side)."""
-
-    def __init__(self, d: int) -> None:
-        self.d, self.old, self.ref = d, TokenTree(d), Ref(d)
-        self.streams: list = []
-
-    def add(self, seq: list[int], w: float) -> None:
-        t, r = TokenTree(self.d), Ref(self.d)
-        t.insert(seq), r.insert(seq)
-        if w != 1.0:
-            t.scale(w), r.scale(w, 0.0)
-        self.old.merge(t), self.ref.merge(r)
-
-    def stream(self) -> None:
-        self.streams.append((self.old.stream(), self.ref.stream()))
-
-    def extend(self, i: int, chunk: list[int]) -> None:
-        s, r = self.streams[i]
-        s.extend(chunk), self.ref.extend(r, chunk)
 
 
 def _alphabet() -> st.SearchStrategy[int]:
@@ -68,20 +46,21 @@ queries = st.lists(st.tuples(st.lists(tok, max_size=10), st.integers(0, 12),
 program = st.tuples(st.integers(2, 9), st.lists(op, max_size=14), queries)
 
 
-def counts_disagree(tree, twin: Twin, extra: list[list[int]]) -> str | None:
-    want = tree_paths(twin.old)
-    if want != twin.ref.c:
-        return "reference and trie disagree"  # the harness itself would be wrong
-    for p, c in want.items():
+def counts_disagree(tree, ref: ReferenceTree, extra: list[list[int]]) -> str | None:
+    """`tree` counts every path of the reference (the empty one: the mass) as it does, and holds
+    no other path over the tokens stored; the queries' heads and tails count the same too."""
+    alphabet = sorted({p[0] for p in ref.c})
+    for p, c in [((), ref.mass), *ref.c.items()]:
         if tree.count(list(p)) != c:
             return f"count {list(p)}: {tree.count(list(p))} != {c}"
+        for x in alphabet if len(p) < ref.d else ():
+            if p + (x,) not in ref.c and tree.count([*p, x]) != 0.0:
+                return f"count {[*p, x]}: not a path of the reference"
     for p in extra:
         for k in range(len(p) + 1):
             for q in (p[:k], p[k:]):
-                if tree.count(q) != (twin.old.count(q) if len(q) <= twin.d else 0.0):
+                if tree.count(q) != ref.count(q):
                     return f"count {q}"
-    if tree.mass != twin.old.mass:
-        return "mass"
     return None
 
 
@@ -97,52 +76,55 @@ def streams_disagree(tree, streams, qs) -> str | None:
     return None
 
 
-def run(d, ops, qs, make=SuffixTree, add=None, extend=None):
-    """Play the program on a tree from `make` and on the twin; None when they agree."""
-    tree, twin, streams = make(d), Twin(d), []
+def run(d, ops, qs, make=SuffixTree, add=None, extend=None, reference=ReferenceTree):
+    """Play the program on a tree from `make` and on the reference; None when they agree."""
+    tree, ref, streams, tails = make(d), reference(d), [], []
     extra = [q[0] for q in qs]
     for kind, arg in ops:
         if kind == "add":
             seq, w, times = arg
             for _ in range(times):
                 (add or (lambda t, s, w: t.add(s, w)))(tree, seq, w)
-                twin.add(seq, w)
+                ref.add(seq, w)
         elif kind == "open":
-            streams.append([tree.stream(), True]), twin.stream()
+            streams.append([tree.stream(), True]), tails.append(ref.stream())
         elif kind == "extend" and streams and streams[arg[0] % len(streams)][1]:
             i = arg[0] % len(streams)
             (extend or (lambda t, s, c: s.extend(c)))(tree, streams[i][0], arg[1])
-            twin.extend(i, arg[1])
+            ref.extend(tails[i], arg[1])
         elif kind == "close" and streams:
             s = streams[arg % len(streams)]
             s[0].close()
             s[1] = False
-        elif kind == "check" and (why := counts_disagree(tree, twin, extra)):
+        elif kind == "check" and (why := counts_disagree(tree, ref, extra)):
             return "mid-way " + why
-    if why := counts_disagree(tree, twin, extra):
+    if why := counts_disagree(tree, ref, extra) or drafts_disagree(tree, ref, qs):
         return why
-    for ctx, budget, min_prob in qs:
-        got, want = tree.draft(ctx, budget, min_prob), twin.old.draft(ctx, budget, min_prob)
-        if got != want or (want.tokens, want.probs, want.match_len) != twin.ref.draft(ctx, budget, min_prob):
-            return f"draft {ctx} {budget} {min_prob}: {got} != {want}"
-        got, want = tree.draft_tree(ctx, budget, min_prob), twin.old.draft_tree(ctx, budget, min_prob)
-        if got != want or (want.tokens, want.parents, want.probs, want.match_len) != twin.ref.draft_tree(
-                ctx, budget, min_prob):
-            return f"draft_tree {ctx} {budget} {min_prob}: {got} != {want}"
     if why := streams_disagree(tree, streams, qs):
         return why
     for s, _ in streams:
         s.close()
-    if why := counts_disagree(tree, twin, extra) or streams_disagree(tree, streams, qs):
+    if why := counts_disagree(tree, ref, extra) or streams_disagree(tree, streams, qs):
         return "after closing: " + why
     if tree.nodes > 2 * tree.stats().tokens:
         return "more than two nodes per token: path compression is broken"
     return None
 
 
+def drafts_disagree(tree, ref: ReferenceTree, qs) -> str | None:
+    for ctx, budget, min_prob in qs:
+        got, want = tree.draft(ctx, budget, min_prob), ref.draft(ctx, budget, min_prob)
+        if got != want:
+            return f"draft {ctx} {budget} {min_prob}: {got} != {want}"
+        got, want = tree.draft_tree(ctx, budget, min_prob), ref.draft_tree(ctx, budget, min_prob)
+        if got != want:
+            return f"draft_tree {ctx} {budget} {min_prob}: {got} != {want}"
+    return None
+
+
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program)
-def test_suffix_tree_agrees_with_trie_and_reference(prog):
+def test_suffix_tree_agrees_with_the_reference(prog):
     assert run(*prog) is None
 
 
@@ -171,6 +153,39 @@ WRONG = {
 }
 
 
+class CountOverParent(ReferenceTree):
+    """Bug: C(v) = count(v) / count(parent) (ignores that some occurrences end at the parent)."""
+
+    def cond(self, p):
+        return [(t, c / self.count(p)) for t, c in self.kids(p)]
+
+
+class ChunkRestart(ReferenceTree):
+    """Bug: a stream forgets its context at every chunk boundary."""
+
+    def extend(self, tail, tokens, weight=1.0):
+        tail.clear()
+        super().extend(tail, tokens, weight)
+
+
+class NoMatchCap(ReferenceTree):
+    """Bug: matches the longest tail up to max_depth - 1, leaving no room to draft."""
+
+    def match(self, ctx, budget):
+        return super().match(ctx, 1)  # the cap a budget of one token gets: max_depth - 1
+
+
+class TiesToLargestToken(ReferenceTree):
+    """Bug: among equal counts, prefers the larger token."""
+
+    def kids(self, p):
+        return sorted(super().kids(p), key=lambda tc: (-tc[1], -tc[0]))
+
+
+WRONG.update({cls.__name__: dict(reference=cls)
+              for cls in (CountOverParent, ChunkRestart, NoMatchCap, TiesToLargestToken)})
+
+
 @pytest.mark.parametrize("name", WRONG)
 def test_random_programs_catch_wrong_variant(name):
     found = first_caught(program, lambda prog: run(*prog, **WRONG[name]) is not None)
@@ -178,28 +193,42 @@ def test_random_programs_catch_wrong_variant(name):
     assert run(*found) is None
 
 
+# the smallest programs that tell each wrong reference from the tree, kept as regressions
+MINIMAL = [
+    (CountOverParent, (2, [("add", ([0, 0], 1.0, 1))], [([0], 1, 0.0)])),
+    (ChunkRestart, (2, [("open", None), ("extend", (0, [0])), ("extend", (0, [0]))], [([], 0, 0.0)])),
+    (NoMatchCap, (4, [("add", ([0, 0, 0, 0], 1.0, 1))], [([0, 0, 0], 2, 0.0)])),
+    (TiesToLargestToken, (2, [("add", ([1, 1, 0], 1.0, 1))], [([1], 1, 0.0)])),
+]
+
+
+@pytest.mark.parametrize("variant,prog", MINIMAL, ids=lambda x: getattr(x, "__name__", ""))
+def test_minimal_counterexamples(variant, prog):
+    assert run(*prog) is None
+    assert run(*prog, reference=variant) is not None
+
+
 # -- targeted workloads ---------------------------------------------------------------------
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(2, 12), st.lists(st.integers(0, 1), min_size=1, max_size=3), st.integers(1, 60),
        st.integers(1, 8), st.integers(1, 7))
-def test_interleaved_periodic_streams_match_the_trie_at_every_step(d, unit, n, streams, step):
+def test_interleaved_periodic_streams_match_the_reference_at_every_step(d, unit, n, streams, step):
     """K live copies of a period-1/2 string, fed in lockstep chunks: each window walks the
     others' growing leaves, the hardest case for in-flight counting."""
     seq = (unit * n)[:n]
-    tree, old = SuffixTree(d), TokenTree(d)
-    ss = [(tree.stream(), old.stream()) for _ in range(streams)]
+    tree, ref = SuffixTree(d), ReferenceTree(d)
+    ss = [(tree.stream(), ref.stream()) for _ in range(streams)]
     for lo in range(0, n, step):
-        for a, b in ss:
-            a.extend(seq[lo:lo + step]), b.extend(seq[lo:lo + step])
-        for p, c in tree_paths(old).items():
-            assert tree.count(list(p)) == c
+        for a, tail in ss:
+            a.extend(seq[lo:lo + step]), ref.extend(tail, seq[lo:lo + step])
+        assert counts_disagree(tree, ref, []) is None
         ctx = seq[:lo + 1]
-        assert tree.draft(ctx, 8, 0.0) == old.draft(ctx, 8, 0.0)
-        assert tree.draft_tree(ctx, 8, 0.0) == old.draft_tree(ctx, 8, 0.0)
+        assert tree.draft(ctx, 8, 0.0) == ref.draft(ctx, 8, 0.0)
+        assert tree.draft_tree(ctx, 8, 0.0) == ref.draft_tree(ctx, 8, 0.0)
         own = seq[:lo + step][-d:]
-        assert ss[0][0].draft(8, 0.0) == old.draft(own, 8, 0.0)
-        assert ss[-1][0].draft_tree(8, 0.0) == old.draft_tree(own, 8, 0.0)
+        assert ss[0][0].draft(8, 0.0) == ref.draft(own, 8, 0.0)
+        assert ss[-1][0].draft_tree(8, 0.0) == ref.draft_tree(own, 8, 0.0)
 
 
 def test_many_identical_long_sequences_share_one_path():
@@ -212,24 +241,19 @@ def test_many_identical_long_sequences_share_one_path():
     assert tree.draft([3], budget=5).tokens == [4, 5, 6, 7, 8]
 
 
-def test_streaming_in_any_chunks_equals_adding_whole():
-    seq = [1, 2, 1, 2, 3, 1, 2, 1, 2, 3, 3, 1] * 4
-    whole = SuffixTree(6)
-    whole.add(seq)
-    for step in (1, 2, 5, 48):
-        t = SuffixTree(6)
-        s = t.stream()
-        for lo in range(0, len(seq), step):
-            s.extend(seq[lo:lo + step])
-        s.close()
-        for p, c in tree_paths_of(seq, 6).items():
-            assert t.count(p) == whole.count(p) == c
-
-
-def tree_paths_of(seq, d):
-    old = TokenTree(d)
-    old.insert(seq)
-    return {tuple(p): c for p, c in tree_paths(old).items()}
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 8), st.lists(st.integers(0, 4), max_size=60), st.lists(st.integers(0, 60), max_size=6))
+def test_streaming_in_any_chunks_equals_adding_whole(d, seq, cuts):
+    whole, streamed, ref = SuffixTree(d), SuffixTree(d), ReferenceTree(d)
+    whole.add(seq), ref.add(seq)
+    s = streamed.stream()
+    bounds = sorted({0, len(seq), *[min(c, len(seq)) for c in cuts]})
+    for lo, hi in zip(bounds, bounds[1:]):
+        s.extend(seq[lo:hi])
+    assert counts_disagree(streamed, ref, []) is None
+    s.close()
+    assert counts_disagree(streamed, ref, []) is None and counts_disagree(whole, ref, []) is None
+    assert streamed.draft(seq, 8, 0.0) == whole.draft(seq, 8, 0.0) == ref.draft(seq, 8, 0.0)
 
 
 def test_bad_input_raises_and_changes_nothing():

@@ -11,8 +11,8 @@ import random
 import numpy as np
 import pytest
 
-from cache_store.suffix_tree import SuffixTree, draft_many, feed_many
-from srtcli.rollout.drafters.srt import best_draft
+from cache_store.suffix_tree import SuffixTree, best_draft as picked_draft, draft_many, feed_many, pick_stream
+from tests.cache_store.reference_tree import best_draft, expected_length
 
 EOS = 1
 
@@ -55,6 +55,37 @@ def test_batched_calls_equal_one_stream_at_a_time(dtype, threads):
             rooms = np.array([rng.randint(-1, 8) for _ in range(rows)])
             want = [best_draft(one_by_one[i], int(r), 0.1)[1].tokens if r > 0 else [] for i, r in enumerate(rooms)]
             assert draft_many(rows_of(batched), rooms, 0.1, threads) == want
+
+
+def _last_on_ties(streams, budget, min_prob):
+    """A wrong stream choice: ties go to the last stream (the run-wide tree)."""
+    own, best = streams[0], streams[0].draft(budget, min_prob)
+    for other in streams[1:]:
+        d = other.draft(budget, min_prob)
+        if expected_length(d.probs) >= expected_length(best.probs):
+            own, best = other, d
+    return own, best
+
+
+def test_the_stream_choice_is_the_rule_in_one_place():
+    """`pick_stream` (the compiled rule every draft uses) picks the stream the Python reference
+    picks, on rows where the trees often tie (a small vocabulary); ties going to the other
+    stream would be caught."""
+    rng, wrong_caught = random.Random(3), 0
+    for _ in range(300):
+        own, shared = SuffixTree(64), SuffixTree(24)
+        for tree in (own, shared):
+            for _ in range(rng.randint(0, 4)):
+                tree.add([rng.randrange(3) for _ in range(rng.randint(1, 12))])
+        row = (own.stream(), shared.stream())
+        for s in row:
+            s.extend([rng.randrange(3) for _ in range(rng.randint(1, 6))])
+        room = rng.randint(0, 8)
+        stream, draft = best_draft(row, room, 0.1)
+        assert row[pick_stream(row, room, 0.1)] is stream
+        assert picked_draft(row, room, 0.1)[1] == draft
+        wrong_caught += _last_on_ties(row, room, 0.1)[0] is not stream
+    assert wrong_caught > 0
 
 
 def _fingerprint(tree: SuffixTree, paths: list) -> tuple:

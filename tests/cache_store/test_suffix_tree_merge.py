@@ -11,7 +11,7 @@ import random
 import pytest
 
 from cache_store.suffix_tree import DraftTree, SuffixTree, merged_draft
-from srtcli.rollout.drafters.srt import best_draft
+from tests.cache_store.reference_tree import best_draft
 
 
 def merged_tree(trees: list[DraftTree], nodes: int) -> tuple[list[int], list[int]]:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from cache_store.suffix_tree import SuffixTree, sample_draft
-from srtcli.rollout.drafters.srt import best_draft
+from tests.cache_store.reference_tree import best_draft
 
 
 def reference(streams, budget, min_prob, rng):

@@ -5,22 +5,36 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from cache_store.seqstore import LmdbSequenceStore
 from cache_store.uid import prompt_uid
 from cache_store.warm import Warmer, pool_rollouts
-from srtcli.pool import StepRecord
 
 T1 = {"temperature": 1.0}
 
 
-def two_turns(meta0=T1, meta1=T1) -> list[StepRecord]:
+@dataclass
+class Step:
+    """A steps-pool record as `pool_rollouts` reads one (`cache_store.warm.StepLike`)."""
+
+    prompt_uid: str
+    trajectory_id: str
+    step: int
+    input_ids: list[int]
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    meta: dict[str, Any]
+
+
+def two_turns(meta0=T1, meta1=T1) -> list[Step]:
     """Prompt [3, 4]; turn 0 generates [5, 6], the tool answers [7], turn 1 generates [8];
     the steps arrive last first."""
-    return [StepRecord("p", "t", 1, [3, 4, 5, 6, 7, 8], [0, 0, 0, 0, 0, 1], [0.0] * 5 + [-2.0], 1.0, meta=dict(meta1)),
-            StepRecord("p", "t", 0, [3, 4, 5, 6], [0, 0, 1, 1], [0.0, 0.0, -0.5, -1.0], 0.0, meta=dict(meta0))]
+    return [Step("p", "t", 1, [3, 4, 5, 6, 7, 8], [0, 0, 0, 0, 0, 1], [0.0] * 5 + [-2.0], dict(meta1)),
+            Step("p", "t", 0, [3, 4, 5, 6], [0, 0, 1, 1], [0.0, 0.0, -0.5, -1.0], dict(meta0))]
 
 
 def test_every_turn_gives_its_tokens_probabilities_and_tool_output_gets_zero():

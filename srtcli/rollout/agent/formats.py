@@ -65,7 +65,7 @@ class TagFormat:
 
     def calls(self, turn_text: str, prefix: str = "") -> list[ToolCall]:
         call = find_tool_call(turn_text)
-        return [] if call is None else [ToolCall(call.name, {"expression": call.expr})]
+        return [] if call is None else [call]
 
     def render(self, results: list[tuple[ToolCall, str]]) -> str:
         return "".join(result_tag(text) for _, text in results)

@@ -4,8 +4,8 @@ The engine calls `begin(seq)` when a sequence takes a slot, `propose(seq, budget
 forward (or `propose_tree(seq, nodes)` where its batch has room for a tree), `extend(seq,
 tokens)` with every token appended to the sequence (generated or tool output), and `end(seq)`
 when it leaves its slot. The rollout calls `group_done(uid)` when all
-samples of a prompt are finished, `flush()` at the end of each rollout batch (persist what is
-pending) and `close()` at the end.
+samples of a prompt are finished and `close()` at the end (a drafter over the tree cache hands
+it what it still holds; the rollout's driver owns the cache and appends).
 
 A `Proposal` with `q=None` is deterministic (verified as a point mass); one with `q` set was
 *sampled* from the distributions in `dists` (verified with the ratio rule,
@@ -71,9 +71,6 @@ class Drafter:
         pass
 
     def group_done(self, uid: str) -> None:
-        pass
-
-    def flush(self) -> None:
         pass
 
     def close(self) -> None:

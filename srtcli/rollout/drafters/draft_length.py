@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-# measured on the bundled workload (docs/benchmarks.md): 1/8 to 1/2 of the slots all take fewer
-# forwards than no tail rule, a quarter about the fewest, at no cost in CPU wall time
+# measured on the bundled workload (docs/benchmarks.md, "What each of srt's parts is worth"):
+# 1/8 to 1/2 of the slots all take fewer forwards than no tail rule, a quarter about the fewest,
+# at no cost in CPU wall time
 FULL_DRAFT_SHARE = 1 / 4
 
 

@@ -1,16 +1,16 @@
 """The token trees one run drafts from and writes back, per prompt group: the one component
 behind both the embedded `srt` drafter and the vLLM proposer, so both fill the cache alike.
 
-When a group's prompt is first needed its tree is built from the sequence store
-(`cache_store.seqload.newest_stored`: the prompt's newest stored rollouts, weighted by their decay) or
-started empty, with a flag saying whether the store held sequences for it (a hit). Every token
-a sample of the group appends goes at once into that tree (a `SuffixTree` stream), so later
+When a group's prompt is first needed its tree is built from the tree cache
+(`srtcli.tree_cache.TreeCache.stored`: the prompt's newest stored rollouts, weighted by their
+decay) or started empty, with a flag saying whether the cache held sequences for it (a hit).
+Every token a sample of the group appends goes at once into that tree (a `SuffixTree` stream), so later
 and concurrent samples draft from it, and into the run-wide shared tree (all prompts mixed,
 never persisted; a suffix tree too). Each sequence is streamed starting with the prompt's last
 token (an anchor), so it can be drafted from its first token. When a group ends, the sequences
-this run streamed into its tree (not the loaded ones) wait in `pending` until they are
-appended to the store with one `append_many` (batched); appends never merge, so concurrent
-writers lose nothing.
+this run streamed into its tree (not the loaded ones) wait in the tree cache, which appends
+them in one `append_many` once `commit_every` groups wait (or its owner ticks or closes it);
+appends never merge, so concurrent writers lose nothing.
 
 Loads off the step (`load_steps` > 0, the vLLM proposer's default): a build costs ~0.5-1 us per
 stored token (~50 ms for 16 stored 8,192-token rollouts) and the proposer runs inside vLLM's step,
@@ -32,7 +32,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache_store.seqload import LOAD_NEWEST, LOAD_TOKENS, newest_stored
+from cache_store.seqstore import LOAD_NEWEST, LOAD_TOKENS
 from cache_store.suffix_tree import SuffixTree
 
 DEPTH = 64
@@ -71,8 +71,8 @@ def newest_sequences(tree: SuffixTree, sequences: int, tokens: int) -> list[tupl
 
 
 @dataclass
-class Group:
-    """One prompt's tree while the run works on it."""
+class PromptTree:
+    """One prompt's tree while the run works on it (its group of samples streaming into it)."""
 
     tree: SuffixTree  # the store's sequences plus everything this run streamed into it
     hit: bool  # the store held sequences for the prompt when it was first needed
@@ -93,52 +93,50 @@ class Group:
 
 
 class GroupTrees:
-    """The live groups, the shared tree, the finished groups waiting to be appended, and the
-    hit counts. `writer=False` drafts and feeds the trees like a writer but never writes (a
-    vLLM rank other than 0, so sequences are not stored once per rank)."""
+    """The live groups' prompt trees, the run-wide tree, and the hit counts, over the tree
+    cache `cache` (a `srtcli.tree_cache.TreeCache`; None: trees start empty, nothing is kept)."""
 
     inline_tokens = LOAD_INLINE_TOKENS
 
-    def __init__(self, store: Any = None, shared: bool = True, commit_every: int = 8, writer: bool = True,
+    def __init__(self, cache: Any = None, shared: bool = True, commit_every: int = 8,
                  load_tokens: int = LOAD_TOKENS, load_steps: int = 0):
-        self.store, self.commit_every, self.writer, self.load_tokens = store, commit_every, writer, load_tokens
+        self.cache, self.commit_every, self.load_tokens = cache, commit_every, load_tokens
         self.shared = SuffixTree(SHARED_DEPTH) if shared else None
-        self.groups: dict[str, Group] = {}
-        self.pending: dict[str, list[Group]] = {}  # finished groups not yet appended
+        self.groups: dict[str, PromptTree] = {}
         self.loaded = self.hits = 0
         self.load_steps, self.step, self.inline_used = load_steps, 0, 0
         self.loader: ThreadPoolExecutor | None = None  # made on the first load off the step
-        self.loading: list[Group] = []  # groups whose stored tree is being built
+        self.loading: list[PromptTree] = []  # groups whose stored tree is being built
         self.shared_next: tuple[Future, int] | None = None  # the run-wide tree being rebuilt, its due step
 
-    def group(self, uid: str) -> Group:
+    def group(self, uid: str) -> PromptTree:
         """The group's tree, loaded from the store the first time the prompt is needed (`_load`)."""
         g = self.groups.get(uid)
         if g is None:
             g = self.groups[uid] = self._load(uid)
         return g
 
-    def _load(self, uid: str) -> Group:
+    def _load(self, uid: str) -> PromptTree:
         """The prompt's group, a hit if the store held sequences for it: its tree of its newest
         stored sequences (at most LOAD_NEWEST of them and `load_tokens` tokens), built in the
         step or off it as `_group` decides."""
-        if self.store is None:
-            return Group(SuffixTree(DEPTH), False)
-        seqs = [(s.tokens, s.weight, s.probs) for s in newest_stored(self.store, uid, tokens=self.load_tokens)]
+        if self.cache is None:
+            return PromptTree(SuffixTree(DEPTH), False)
+        seqs = self.cache.stored(uid, self.load_tokens)
         return self._group(seqs, bool(seqs))
 
-    def _group(self, seqs: list, hit: bool) -> Group:
+    def _group(self, seqs: list, hit: bool) -> PromptTree:
         """A group whose tree holds `seqs`: built in the step when `load_steps` is 0 or it fits
         the step's inline budget, else off it (`adopt`)."""
         size = sum(len(s[0]) for s in seqs)
         if self.load_steps == 0 or size <= self.inline_tokens - self.inline_used:
             self.inline_used += size
-            return Group(SuffixTree.from_sequences(seqs, DEPTH), hit)
-        g = Group(SuffixTree(DEPTH), hit, loading=self._build(seqs, DEPTH), due=self.step + self.load_steps)
+            return PromptTree(SuffixTree.from_sequences(seqs, DEPTH), hit)
+        g = PromptTree(SuffixTree(DEPTH), hit, loading=self._build(seqs, DEPTH), due=self.step + self.load_steps)
         self.loading.append(g)
         return g
 
-    def restart(self, uid: str, g: Group) -> Group:
+    def restart(self, uid: str, g: PromptTree) -> PromptTree:
         """The prompt's group started again from `g`'s newest sequences (at most GROUP_KEEP of them
         and `load_tokens` tokens, as a load keeps), built as a load is; `g`'s live and waiting
         sequences stay with it and commit from it."""
@@ -175,7 +173,7 @@ class GroupTrees:
                 self._move(g, tree)
             g.loading, g.moving = None, []
 
-    def _move(self, g: Group, tree: SuffixTree) -> None:
+    def _move(self, g: PromptTree, tree: SuffixTree) -> None:
         """Move the group's streams onto its built `tree`. If memory runs out part way, the
         streams already moved go back and the group drafts on from what it streamed (logged),
         so a group never ends up split over two trees and commits every sequence whole. The
@@ -195,14 +193,14 @@ class GroupTrees:
             g.tree = tree
         g.added = [stream.sequence_id for stream in g.moving]
 
-    def count(self, g: Group) -> None:
+    def count(self, g: PromptTree) -> None:
         """Count a group (once) in the loaded groups and cache hits."""
         if not g.counted:
             g.counted = True
             self.loaded += 1
             self.hits += g.hit
 
-    def streams(self, g: Group, anchor: int) -> tuple:
+    def streams(self, g: PromptTree, anchor: int) -> tuple:
         """Streams into the group's tree and the shared tree, fed `anchor` (the prompt's last
         token) first."""
         stream = g.tree.stream()
@@ -231,31 +229,21 @@ class GroupTrees:
             self.shared_next = (self._build(seqs, shared.max_depth), self.step + SHARED_REBUILD_STEPS)
 
     def retire(self, uid: str) -> None:
-        """The group is done: its new sequences (if any) wait for the next append."""
+        """The group is done: its new sequences (if any) wait in the cache for the next append,
+        read then (so tokens streamed after it retired are kept too)."""
         self.bound_shared()
         g = self.groups.pop(uid, None)
-        if g is not None and g.added:
-            self.pending.setdefault(uid, []).append(g)
+        if g is not None and g.added and self.cache is not None:
+            self.cache.wait(uid, lambda: (g.new_sequences(), g.new_probs()))
 
-    def flush_if_due(self) -> bool:
-        """Append once `commit_every` groups are waiting; True if an append ran."""
-        return bool(self.pending) and len(self.pending) >= self.commit_every and self.flush()
-
-    def flush(self) -> bool:
-        """Append the waiting groups' new sequences in one transaction; True if one ran. A
-        group's sequences are read now, so tokens streamed after it retired are kept too."""
-        committed = self.store is not None and self.writer and bool(self.pending)
-        if committed:
-            groups = self.pending.items()
-            self.store.append_many({uid: [s for g in gs for s in g.new_sequences()] for uid, gs in groups},
-                                   {uid: [p for g in gs for p in g.new_probs()] for uid, gs in groups})
-        self.pending = {}
-        return committed
+    def flush_if_due(self) -> None:
+        """Append once `commit_every` groups wait."""
+        if self.cache is not None and self.cache.waiting_prompts >= self.commit_every:
+            self.cache.flush()
 
     def close(self) -> None:
-        """Append every new sequence still held, live groups' too (run-ahead trees of prompts
-        not reached), and forget the groups."""
+        """Every new sequence still held, live groups' too (run-ahead trees of prompts not
+        reached), waits in the cache (whose owner appends it); the groups are forgotten."""
         for uid in list(self.groups):
             self.retire(uid)
-        self.flush()
         self.groups.clear()

@@ -1,16 +1,16 @@
-"""The `srt` drafter: one suffix tree per prompt, from the LMDB sequence store, fed on the fly.
+"""The `srt` drafter: one suffix tree per prompt, from the tree cache, fed on the fly.
 
 The prompt's tree is built from its stored rollouts when the first sample of its group takes a
 slot; every token any sample appends feeds it at once, and the sequences this run generated are
-appended to the store when the group ends (`group_trees.GroupTrees`, shared with the vLLM
+handed to the tree cache when the group ends (`group_trees.GroupTrees`, shared with the vLLM
 proposer). Run-ahead sequences are ordinary sequences of a future group: their tokens reach
 that group's trees (and the store, as sequences of that prompt) and nothing else.
 
 Three exact ways to draft (see `srtcli.rollout.engine.verify`, `srtcli.rollout.engine.tree_verify`):
-- `mode="greedy"`: follow the most frequent child (`SuffixTree.draft`); a point mass.
+- `mode="greedy"`: follow the most frequent child (`best_draft`); a point mass.
 - `mode="sample"`: sample each child in proportion to its count among the children the tree
   lists (`SuffixTree.draft_tree`), recording q; verified with the ratio rule. One compiled
-  call (`cache_store.suffix_tree.sample_draft`) picks the stream as `best_draft` does and walks.
+  call (`cache_store.suffix_tree.sample_draft`) picks the stream (`pick_stream`) and walks.
   With `stop` (the default), where the tree knows the policy's probability of every child
   (p-hat, recorded with each token it stores), children are drawn by p-hat instead and the
   mass left over ends the draft: a draft stops where it would likely have been rejected, so
@@ -31,42 +31,18 @@ import math
 import random
 from typing import Any
 
-from cache_store.seqload import LOAD_TOKENS
-from cache_store.suffix_tree import Draft, SuffixStream, merged_draft, sample_draft
+from cache_store.seqstore import LOAD_TOKENS
+from cache_store.suffix_tree import best_draft, merged_draft, sample_draft
 from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.group_trees import GroupTrees
 
 MODES = ("greedy", "sample", "tree")
 
 
-def expected_length(probs: list[float]) -> float:
-    """A draft's expected accepted length if each token's C were its chance: sum of the path
-    probabilities of its prefixes. Picks between the prompt's tree and the run-wide one."""
-    total, path = 0.0, 1.0
-    for c in probs:
-        path *= c
-        total += path
-    return total
-
-
-def best_draft(streams: tuple, budget: int, min_prob: float) -> tuple[SuffixStream, Draft]:
-    """The most frequent path after a sequence from the prompt's tree (its first stream), or
-    from the run-wide tree (its second) when that one expects to be accepted for longer; returns
-    the stream drafted from and its `Draft`. Each stream holds exactly the sequence so far
-    (anchor first), so it drafts without looking its context up. Depends on the context and the
-    trees only, so verification stays exact."""
-    own, best = streams[0], streams[0].draft(budget, min_prob)
-    for other in streams[1:]:
-        d = other.draft(budget, min_prob)
-        if expected_length(d.probs) > expected_length(best.probs):
-            own, best = other, d
-    return own, best
-
-
 class SrtDrafter(Drafter):
     name = "srt"
 
-    def __init__(self, store: Any = None, min_prob: float = 0.1, mode: str = "sample", seed: int = 0,
+    def __init__(self, cache: Any = None, min_prob: float = 0.1, mode: str = "sample", seed: int = 0,
                  commit_every: int = 8, shared: bool = True, stop: bool = True,
                  record_probs: bool = True, load_tokens: int = LOAD_TOKENS):
         if mode not in MODES:
@@ -76,7 +52,7 @@ class SrtDrafter(Drafter):
         self.record_probs = record_probs
         # the run-wide shared tree (every output of this run, all prompts mixed, not persisted)
         # drafts where the prompt's own tree knows less: a cold prompt, text shared across prompts
-        self.trees = GroupTrees(store, shared, commit_every, load_tokens=load_tokens)
+        self.trees = GroupTrees(cache, shared, commit_every, load_tokens=load_tokens)
         self.rng = random.Random(seed)
 
     def begin(self, seq: Any) -> None:
@@ -101,7 +77,7 @@ class SrtDrafter(Drafter):
 
     def propose_tree(self, seq: Any, nodes: int) -> Proposal:
         """The best-first draft trees of the row's streams (its prompt's tree and the run-wide
-        one) merged into one of `nodes` nodes, the stream `best_draft` picks first: it wins
+        one) merged into one of `nodes` nodes, the stream `pick_stream` picks first: it wins
         ties, which a chain of only children (C = 1) makes common (`merged_draft`, one
         compiled call; `mode="tree"`, and the engine's tail trees in every mode)."""
         tokens, parents = merged_draft(seq.drafter_state, nodes, self.min_prob)
@@ -129,12 +105,8 @@ class SrtDrafter(Drafter):
         self.trees.retire(uid)
         self.trees.flush_if_due()
 
-    def flush(self) -> None:
-        """Append the new sequences of finished groups to the store in one transaction."""
-        self.trees.flush()
-
     def close(self) -> None:
-        """Append what is still held (e.g. run-ahead sequences of prompts not reached)."""
+        """Hand what is still held to the cache (e.g. run-ahead sequences of prompts not reached)."""
         self.trees.close()
 
     def stats(self) -> dict[str, float]:

@@ -3,7 +3,7 @@ continuous batching.
 
 How the pieces fit:
 
-- The KV cache and attention live in `srtcli.rollout.engine.slot_cache`: `SlotKVCache` keeps
+- The KV cache and attention live in `srtcli.rollout.engine.kv_cache`: `SlotKVCache` keeps
   per-layer buffers [slots, kv_heads, L+1, D] in which each slot (one sequence) has its own
   valid length; rolling back rejected draft positions is just not counting them (they are
   overwritten later and never visible meanwhile: the forward's mask hides them). Column L is a
@@ -49,7 +49,7 @@ from srtcli.rollout.engine.forward import ForwardPass
 from srtcli.rollout.engine.kv_memory import check_kv_fits
 from srtcli.rollout.engine.sampling import SamplingParams, sample
 from srtcli.rollout.engine.sequence import EngineStats, Sequence, StopFn, TurnEndFn
-from srtcli.rollout.engine.slot_cache import SlotKVCache, register_slot_attention
+from srtcli.rollout.engine.kv_cache import SlotKVCache, register_slot_attention
 from srtcli.rollout.engine.stops import add_tool_output, append_generated, cut_emitted, end_turn
 from srtcli.rollout.engine.tree_verify import verify_trees
 from srtcli.rollout.engine.verify import verify_chains

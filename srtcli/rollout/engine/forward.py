@@ -9,7 +9,7 @@ needs. Which layout runs, and why:
 - Packed (`ForwardPass.run`), when left-padding would add at least `PACK_MIN_PADDING` tokens,
   or when a row carries a draft tree: the model runs on the real tokens of all rows concatenated
   ([1, T], per-token `position_ids`), so its linear layers and the LM head spend nothing on
-  padding; only attention (`srtcli.rollout.engine.slot_cache.slot_attention`) lays the queries
+  padding; only attention (`srtcli.rollout.engine.kv_cache.slot_attention`) lays the queries
   out per row. Tree rows get depth positions and ancestor-only masks
   (`srtcli.rollout.engine.tree_verify.mask_trees`).
   Sliding-window layers narrow the mask by the positions of queries and keys
@@ -31,7 +31,7 @@ import torch
 from srtcli.rollout.engine.host_tensors import longs
 from srtcli.rollout.engine.sampling import SamplingParams, shape_probs
 from srtcli.rollout.engine.sequence import EngineStats
-from srtcli.rollout.engine.slot_cache import Layout, Packed, SlotKVCache, Windows, layout, packed_attention
+from srtcli.rollout.engine.kv_cache import Layout, Packed, SlotKVCache, Windows, layout, packed_attention
 from srtcli.rollout.engine.tree_verify import mask_trees
 
 # Pack a forward only when left-padding would add at least this many tokens: below it, the

@@ -78,7 +78,7 @@ def accepted_moves(base: int, path: list[int]) -> list[tuple[int, int]]:
 
 def mask_trees(rows: list[tuple[int, int, list[int] | None]], lay: Any, arow: list[int],
                mask: torch.Tensor) -> torch.Tensor:
-    """For a packed forward (`srtcli.rollout.engine.slot_cache.layout` maps `lay`, input row r in
+    """For a packed forward (`srtcli.rollout.engine.kv_cache.layout` maps `lay`, input row r in
     attention row arow[r]) whose rows are (pending tokens, cache length, tree parents or None): hide in
     the additive `mask` (in place) the earlier nodes that are not ancestors, and return the
     position ids of all tokens, each node at the position of its depth."""

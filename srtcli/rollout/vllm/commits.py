@@ -6,11 +6,11 @@ sequences is live, and after that among the `idle_groups` most recently idle gro
 of the prompt that come later (more samples than the batch holds, the next epoch on the same
 server) draft from the same tree, sequences not yet committed included.
 
-A sequence is committed when it ends: its tokens wait in `pending` and go to the store in one
-`append_many` once `commit_every` are waiting or the oldest has waited `commit_seconds`
-(checked at every engine step, and by the proposer when vLLM is idle), and at the end of a
-rollout batch or of the process. An idle group leaving memory has its waiting sequences
-appended first, so a later load of the prompt reads them back. What a killed worker loses is
+A sequence is committed when it ends: it waits in the tree cache (`srtcli.tree_cache.TreeCache`)
+and goes to the store in one `append_many` once `commit_every` are waiting or the oldest has
+waited `commit_seconds` (checked at every engine step, and by the proposer when vLLM is idle),
+and at the end of a rollout batch or of the process. An idle group leaving memory has its
+waiting sequences appended first, so a later load of the prompt reads them back. What a killed worker loses is
 the waiting sequences: each append is one LMDB transaction, so the store is never left
 half-written. A failed append is logged and dropped: the cache only steers drafts, and it
 must never stop the server.
@@ -25,7 +25,7 @@ from collections import OrderedDict, deque
 from typing import Any
 
 from cache_store.suffix_tree import SuffixTree
-from srtcli.rollout.drafters.group_trees import DEPTH, GROUP_MAX_SEQUENCES, GROUP_MAX_TOKENS, Group, GroupTrees
+from srtcli.rollout.drafters.group_trees import DEPTH, GROUP_MAX_SEQUENCES, GROUP_MAX_TOKENS, GroupTrees, PromptTree
 
 COMMIT_EVERY = 64  # sequences per append
 COMMIT_SECONDS = 2.0  # the longest an ended sequence waits (also: idle time before all is committed)
@@ -36,8 +36,9 @@ IDLE_GAPS = 4  # vLLM is idle after this many of its (slow) step intervals witho
 log = logging.getLogger("srt.vllm")
 
 
-class LiveGroups:
-    """The groups with live sequences, the idle ones kept, and the ended sequences waiting."""
+class ResidentTrees:
+    """Which prompt trees stay in memory (the groups with live sequences, the idle ones kept) and
+    when the ended sequences waiting in the cache are appended."""
 
     def __init__(self, trees: GroupTrees, commit_every: int = COMMIT_EVERY,
                  commit_seconds: float = COMMIT_SECONDS, idle_groups: int = IDLE_GROUPS):
@@ -45,17 +46,16 @@ class LiveGroups:
         self.idle_groups = idle_groups
         self.live: dict[str, int] = {}  # uid -> live sequences
         self.idle: OrderedDict[str, None] = OrderedDict()  # uids of groups with none, oldest first
-        self.pending: list[tuple[str, Group, Any]] = []  # (uid, group, the sequence's stream in its tree)
         self.since = 0.0  # when the oldest waiting sequence ended
 
-    def open(self, uid: str) -> Group:
+    def open(self, uid: str) -> PromptTree:
         """The prompt's group for one more live sequence (loaded the first time; a store that
         cannot be read is logged and the tree starts empty)."""
         try:
             g = self.trees.group(uid)
         except Exception as e:  # noqa: BLE001 - logged: the cache must never stop vLLM
-            log.error("srt: cannot load prompt %s from the cache %s: %s", uid, getattr(self.trees.store, "path", "?"), e)
-            g = self.trees.groups[uid] = Group(SuffixTree(DEPTH), False)
+            log.error("srt: cannot load prompt %s from the cache %s: %s", uid, self.trees.cache.path, e)
+            g = self.trees.groups[uid] = PromptTree(SuffixTree(DEPTH), False)
         if g.tree.sequences >= GROUP_MAX_SEQUENCES or g.tree.tokens > GROUP_MAX_TOKENS:
             g = self.trees.restart(uid, g)  # a server that sees one prompt very often
         self.trees.count(g)
@@ -63,12 +63,15 @@ class LiveGroups:
         self.live[uid] = self.live.get(uid, 0) + 1
         return g
 
-    def close(self, uid: str, g: Group, stream: Any) -> None:
+    def close(self, uid: str, g: PromptTree, stream: Any) -> None:
         """A sequence ended (`stream`: its stream in the group's tree, whose id changes if the group
-        moves onto its loaded tree): it waits for the next append; its group may become idle."""
-        if not self.pending:
-            self.since = time.monotonic()
-        self.pending.append((uid, g, stream))
+        moves onto its loaded tree, so it is read when appended): it waits for the next append;
+        its group may become idle."""
+        cache = self.trees.cache
+        if cache is not None:
+            if not cache.waiting:
+                self.since = time.monotonic()
+            cache.wait(uid, lambda: ([g.tree.sequence(stream.sequence_id)], None))
         self.live[uid] -= 1
         if self.live[uid] == 0:
             del self.live[uid]
@@ -79,31 +82,25 @@ class LiveGroups:
 
     def forget(self, uid: str) -> None:
         """Drop an idle group from memory, its waiting sequences appended first."""
-        if any(u == uid for u, _, _ in self.pending):
+        if self.trees.cache is not None and uid in self.trees.cache.pending:
             self.flush()
         self.idle.pop(uid, None)
         self.trees.groups.pop(uid, None)
 
     def due(self) -> bool:
-        return bool(self.pending) and (len(self.pending) >= self.commit_every
+        return bool(self.waiting) and (self.waiting >= self.commit_every
                                        or time.monotonic() - self.since >= self.commit_seconds)
 
     def flush(self) -> bool:
         """Append every waiting sequence in one transaction; True if one ran."""
-        batch: dict[str, list] = {}
-        for uid, g, stream in self.pending:
-            batch.setdefault(uid, []).append(g.tree.sequence(stream.sequence_id))
-        self.pending = []
-        store = self.trees.store
-        if not batch or store is None or not self.trees.writer:
+        cache, n = self.trees.cache, self.waiting
+        if cache is None:
             return False
         try:
-            store.append_many(batch)
+            return cache.flush()
         except Exception as e:  # noqa: BLE001 - logged: the cache must never stop vLLM
-            log.error("srt: cannot append %d sequences to the cache %s: %s", sum(map(len, batch.values())),
-                      getattr(store, "path", "?"), e)
+            log.error("srt: cannot append %d sequences to the cache %s: %s", n, cache.path, e)
             return False
-        return True
 
     def forget_all(self) -> None:
         """Drop every idle group (live ones stay)."""
@@ -112,7 +109,7 @@ class LiveGroups:
 
     @property
     def waiting(self) -> int:
-        return len(self.pending)
+        return self.trees.cache.waiting if self.trees.cache is not None else 0
 
 
 class StepClock:
@@ -154,10 +151,10 @@ def commit_settings() -> tuple[int, float]:
     return out
 
 
-def open_store(path: str | None) -> Any:
-    """The sequence store at `path` (created if needed), or None; a bad cache is one SrtError line."""
+def open_tree_cache(path: str | None, writer: bool) -> Any:
+    """The tree cache at `path` (created if needed), or None; a bad cache is one SrtError line."""
     if path is None:
         return None
-    from srtcli.cache import open_cache
+    from srtcli.tree_cache import TreeCache
 
-    return open_cache(path, create=True)
+    return TreeCache.open(path, writer)

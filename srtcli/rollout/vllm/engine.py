@@ -4,7 +4,7 @@ A backend of the one rollout driver (srtcli.rollout.driver), so the prompts file
 `--resume`, cache and shared summary keys are the embedded engine's. Drafting is the SRT proposer
 of srtcli.rollout.vllm.proposer running inside vLLM's worker, the same path any vLLM user gets
 (it finds each request's prompt and the cache uid itself): this backend writes its settings
-(`table.Table`: the cache, `--max-new-tokens`, draft options; no prompts) to a file, tells the
+(`settings.ProposerSettings`: the cache, `--max-new-tokens`, draft options; no prompts) to a file, tells the
 worker to read it (`collective_rpc("srt_reload")`, which returns the tokenizer fingerprint the
 worker computed, checked against the driver's), generates each rollout batch with
 `LLM.generate` (K requests per prompt), hands the groups to the driver, then calls
@@ -36,7 +36,7 @@ from typing import Any
 
 from srtcli.errors import SrtError
 from srtcli.rollout.config import RolloutConfig
-from srtcli.rollout.driver import Groups
+from srtcli.rollout.driver import GroupWriter
 from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
 from srtcli.rollout.steps import Sample
 from srtcli.rollout.summary import Counts, Run
@@ -170,23 +170,23 @@ class VllmBackend:
     def check(self, pl: Plan) -> None:
         pass  # vLLM sized its memory when it started
 
-    def start(self, pl: Plan, store: Any) -> None:
-        from srtcli.rollout.vllm.table import Table, write_table
+    def start(self, pl: Plan, cache: Any) -> None:
+        from srtcli.rollout.vllm.settings import ProposerSettings, write_settings
         from srtcli.tokenizers import tokenizer_fingerprint
 
         c = self.config
         self.drafting = c.draft == "srt" and c.budget > 0
         self.tmp = tempfile.TemporaryDirectory(prefix="srt-vllm-")
-        table = Path(self.tmp.name) / "table.json"
-        write_table(table, Table(str(store.path) if store is not None else None, c.max_new_tokens,
+        path = Path(self.tmp.name) / "settings.json"
+        write_settings(path, ProposerSettings(str(cache.path) if cache is not None else None, c.max_new_tokens,
                                  min_prob=c.min_prob, adaptive=c.adaptive("cpu" if on_cpu() else "cuda"),
                                  shared=c.shared_tree, load_tokens=c.load_tokens))
         if self.drafting:
-            worker = self.llm.collective_rpc("srt_reload", args=(str(table),))[0]
+            worker = self.llm.collective_rpc("srt_reload", args=(str(path),))[0]
             check_fingerprint(worker, tokenizer_fingerprint(self.tok), self.model_dir)
         self.before = spec_metrics(self.llm)
 
-    def generate(self, pl: Plan, groups: Groups) -> None:
+    def generate(self, pl: Plan, groups: GroupWriter) -> None:
         c, k = self.config, self.config.k
         for chunk in pl.chunks:
             # K requests of n=1 per prompt (vLLM refuses n > 1 for greedy requests), queued in

@@ -19,8 +19,8 @@ with `--shutdown-timeout` > 0, else it kills them: then what was committed stays
 
 `srt rollout --engine vllm` is one user of this path: it also mixes `SrtWorkerExtension` into
 the worker (`worker_extension_cls`), so no cache is opened at start-up; it calls
-`collective_rpc("srt_reload", path)` before a rollout (its `table.Table`: the cache, the length
-cap, draft options; `$SRT_VLLM_TABLE` names one at start-up instead), and `srt_finish` after
+`collective_rpc("srt_reload", path)` before a rollout (its `settings.ProposerSettings`: the cache, the length
+cap, draft options; `$SRT_VLLM_SETTINGS` names one at start-up instead), and `srt_finish` after
 each `generate`, which ends every sequence, appends and returns the counters. With tensor
 parallelism every rank drafts the same way but only rank 0 writes LMDB.
 """
@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from srtcli.rollout.vllm.commits import commit_settings, open_store
-from srtcli.rollout.vllm.table import TABLE_ENV, Table, read_table
+from srtcli.rollout.vllm.commits import commit_settings, open_tree_cache
+from srtcli.rollout.vllm.settings import SETTINGS_ENV, ProposerSettings, read_settings
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from srtcli.rollout.vllm.worker_facts import completed, model_facts
 
@@ -52,37 +52,37 @@ class SrtProposer:
         self.max_num_seqs = int(vllm_config.scheduler_config.max_num_seqs)
         self.facts = model_facts(vllm_config)
         self.commit_every, self.commit_seconds = commit_settings()
-        self.drafts = self._drafts(Table(), None)
-        if os.environ.get(TABLE_ENV):
-            self.reload(os.environ[TABLE_ENV])
+        self.drafts = self._drafts(ProposerSettings(), None)
+        if os.environ.get(SETTINGS_ENV):
+            self.reload(os.environ[SETTINGS_ENV])
         elif not _driven(vllm_config):
-            from srtcli.cache import default_cache_dir
+            from srtcli.tree_cache import default_cache_dir
 
-            self.start(Table(cache=str(default_cache_dir())))
+            self.start(ProposerSettings(cache=str(default_cache_dir())))
         _idle_commits(self, self.commit_seconds)
         multiprocessing.util.Finalize(self, self.close, exitpriority=10)
 
-    def _drafts(self, table: Table, store: Any) -> TreeDrafts:
-        return TreeDrafts(completed(table, self.facts), self.budget, self.max_model_len, store,
-                          writer=_is_rank0(), commit_every=self.commit_every, commit_seconds=self.commit_seconds,
+    def _drafts(self, settings: ProposerSettings, cache: Any) -> TreeDrafts:
+        return TreeDrafts(completed(settings, self.facts), self.budget, self.max_model_len, cache,
+                          commit_every=self.commit_every, commit_seconds=self.commit_seconds,
                           max_num_seqs=self.max_num_seqs)
 
-    def start(self, table: Table) -> None:
+    def start(self, settings: ProposerSettings) -> None:
         """Draft with these settings from now on; what is pending is appended first."""
         self.close()
-        self.drafts = self._drafts(table, open_store(table.cache))
+        self.drafts = self._drafts(settings, open_tree_cache(settings.cache, writer=_is_rank0()))
 
     def reload(self, path: str) -> str:
-        """Start a rollout with the table at `path`; the tokenizer fingerprint drafts run under."""
-        self.start(read_table(path))
-        return str(self.drafts.table.fingerprint)
+        """Start a rollout with the settings at `path`; the tokenizer fingerprint drafts run under."""
+        self.start(read_settings(path))
+        return str(self.drafts.settings.fingerprint)
 
     def close(self) -> None:
-        """End every sequence, append, close the store."""
+        """End every sequence, append, close the cache."""
         self.drafts.finish()
-        if self.drafts.trees.store is not None:
-            self.drafts.trees.store.close()
-            self.drafts.trees.store = None
+        if self.drafts.trees.cache is not None:
+            self.drafts.trees.cache.close()
+            self.drafts.trees.cache = None
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """The CPU runner calls this on drafters; a tree needs no model."""
@@ -130,7 +130,7 @@ class SrtWorkerExtension:
         return drafter if isinstance(drafter, SrtProposer) else None
 
     def srt_reload(self, path: str) -> str:
-        """Read the driver's table; the tokenizer fingerprint ("" without the SRT proposer)."""
+        """Read the driver's settings; the tokenizer fingerprint ("" without the SRT proposer)."""
         p = self._srt()
         return p.reload(path) if p is not None else ""
 

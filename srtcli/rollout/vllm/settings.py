@@ -1,9 +1,9 @@
 """The SRT proposer's settings in vLLM's worker: the cache, the length cap, eos, draft options.
 
 A server (`vllm serve`, `vllm.LLM`, an RL framework's vLLM) passes none: the proposer then uses
-`Table(cache=$SRT_CACHE or ~/.cache/srt)` and fills in the rest from the model (`worker_facts`).
+`ProposerSettings(cache=$SRT_CACHE or ~/.cache/srt)` and fills in the rest from the model (`worker_facts`).
 `srt rollout --engine vllm` writes one as JSON and tells the worker to read it
-(`srt_reload(path)` before a rollout), or names one in `$SRT_VLLM_TABLE` at start-up; it lists
+(`srt_reload(path)` before a rollout), or names one in `$SRT_VLLM_SETTINGS` at start-up; it lists
 no prompts: every user of the proposer goes through the same first-seen prompt rule
 (`tree_drafts`).
 """
@@ -14,14 +14,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache_store.seqload import LOAD_TOKENS
+from cache_store.seqstore import LOAD_TOKENS
 from srtcli.rollout.drafters.group_trees import LOAD_STEPS
 
-TABLE_ENV = "SRT_VLLM_TABLE"
+SETTINGS_ENV = "SRT_VLLM_SETTINGS"
 
 
 @dataclass
-class Table:
+class ProposerSettings:
     """What the worker drafts with; None fields are filled in from the model and platform."""
 
     cache: str | None = None  # None: draft from in-memory trees only
@@ -39,10 +39,10 @@ class Table:
         return json.dumps(self.__dict__)
 
 
-def write_table(path: Path, table: Table) -> None:
-    """Write the table for the worker to read (`srt_reload`, or `$SRT_VLLM_TABLE` at start-up)."""
-    path.write_text(table.to_json())
+def write_settings(path: Path, settings: ProposerSettings) -> None:
+    """Write the settings for the worker to read (`srt_reload`, or `$SRT_VLLM_SETTINGS` at start-up)."""
+    path.write_text(settings.to_json())
 
 
-def read_table(path: str | Path) -> Table:
-    return Table(**json.loads(Path(path).read_text()))
+def read_settings(path: str | Path) -> ProposerSettings:
+    return ProposerSettings(**json.loads(Path(path).read_text()))

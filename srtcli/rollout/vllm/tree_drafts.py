@@ -6,9 +6,10 @@ every token row i has kept so far (this step's sampled tokens already written), 
 list of draft ids per row. Drafts carry no probabilities, so vLLM verifies them as point masses
 (lossless); we draft the most frequent path (`SuffixTree.draft`), as `--draft-mode greedy` does.
 
-Each row's sequence is recognised from step to step by its tokens (`row_tracking`); rows with
+Each row's sequence is recognised from step to step by its tokens (`row_tracking` says how;
+`_track` does it for a whole batch at once); rows with
 the same prompt (`prompt_uid` under the tokenizer's fingerprint) share one group tree
-(`commits.LiveGroups`). A sequence is streamed into the trees up to and including eos or
+(`commits.ResidentTrees`). A sequence is streamed into the trees up to and including eos or
 `max_new_tokens` and ends there, or when it has been out of the batch too long; then it is
 committed (batched).
 
@@ -18,8 +19,8 @@ Those arrays are the rows' state from step to step (`last`, carried over by `_tr
 so a row that kept its sequence is read and written there only; rows that moved, came back or
 are new take their state from their `TrackedSeq`, and a row that loses its sequence puts it back.
 Every row's new tokens are in the trees before any row drafts, so it drafts from this step's too.
-Both run on `Table.threads` threads (appends one tree per thread at a time, so the trees and
-drafts are the same for any number) once a step has `THREAD_TOKENS` new tokens or
+Both run on `ProposerSettings.threads` threads (appends one tree per thread at a time, so the
+trees and drafts are the same for any number) once a step has `THREAD_TOKENS` new tokens or
 `THREAD_ROWS` drafting rows: starting threads costs ~50 us, a production step's work ms.
 """
 
@@ -36,10 +37,10 @@ from cache_store.uid import prompt_uid
 from cache_store.suffix_tree import draft_many, feed_many
 from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_lengths
 from srtcli.rollout.drafters.group_trees import GroupTrees
-from srtcli.rollout.vllm.commits import COMMIT_EVERY, COMMIT_SECONDS, IDLE_GROUPS, LiveGroups, StepClock
+from srtcli.rollout.vllm.commits import COMMIT_EVERY, COMMIT_SECONDS, IDLE_GROUPS, ResidentTrees, StepClock
 from srtcli.rollout.vllm.counters import Counters
-from srtcli.rollout.vllm.row_tracking import TAIL, RowTracking, TrackedSeq
-from srtcli.rollout.vllm.table import Table
+from srtcli.rollout.vllm.row_tracking import PARK_STEPS, TAIL, TrackedSeq, gather_tails, grown
+from srtcli.rollout.vllm.settings import ProposerSettings
 
 
 FEED_THREADS = 4  # past 2-4 threads the run-wide tree, which every row feeds, bounds the appends
@@ -48,7 +49,7 @@ THREAD_ROWS = 64  # drafting rows in a step from which its drafts do
 
 
 def feed_threads() -> int:
-    """The default `Table.threads`: the cores this process may run on, at most `FEED_THREADS`."""
+    """The default `ProposerSettings.threads`: the cores this process may run on, at most `FEED_THREADS`."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(FEED_THREADS, cores))
 
@@ -76,26 +77,26 @@ class _Rows:
         return cls(none, none, none, none, none.astype(bool), none, [])
 
 
-class TreeDrafts(RowTracking):
+class TreeDrafts:
     """The proposer's state: its settings, the tracked rows, the trees and their commits.
-    `table.fingerprint` must be set (`worker_facts.completed`). Thread-safe: vLLM's step and the
+    `settings.fingerprint` must be set (`worker_facts.completed`). Thread-safe: vLLM's step and the
     proposer's idle-commit thread both come through the lock. With `max_num_seqs` (vLLM's), a
     step of at most a quarter of that many rows is the long tail: every row drafts the whole
     budget whatever its adaptive length (`in_the_tail`)."""
 
-    def __init__(self, table: Table, budget: int, max_model_len: int, store: Any = None, writer: bool = True,
+    def __init__(self, settings: ProposerSettings, budget: int, max_model_len: int, cache: Any = None,
                  commit_every: int = COMMIT_EVERY, commit_seconds: float = COMMIT_SECONDS,
                  idle_groups: int = IDLE_GROUPS, max_num_seqs: int | None = None):
-        if not table.fingerprint or table.adaptive is None:
-            raise ValueError("TreeDrafts needs a completed table: fingerprint and adaptive set (worker_facts)")
-        self.table, self.budget, self.max_model_len = table, budget, max_model_len
+        if not settings.fingerprint or settings.adaptive is None:
+            raise ValueError("TreeDrafts needs completed settings: fingerprint and adaptive set (worker_facts)")
+        self.settings, self.budget, self.max_model_len = settings, budget, max_model_len
         self.max_num_seqs = max_num_seqs
-        self.cap = table.max_new_tokens if table.max_new_tokens is not None else max_model_len
-        self.eos_ids = np.array(sorted(set(table.eos_ids or ())), dtype=np.int64)
-        self.threads = table.threads or feed_threads()
-        self.trees = GroupTrees(store, table.shared, writer=writer, load_tokens=table.load_tokens,
-                                load_steps=table.load_steps)
-        self.groups = LiveGroups(self.trees, commit_every, commit_seconds, idle_groups)
+        self.cap = settings.max_new_tokens if settings.max_new_tokens is not None else max_model_len
+        self.eos_ids = np.array(sorted(set(settings.eos_ids or ())), dtype=np.int64)
+        self.threads = settings.threads or feed_threads()
+        self.trees = GroupTrees(cache, settings.shared, load_tokens=settings.load_tokens,
+                                load_steps=settings.load_steps)
+        self.groups = ResidentTrees(self.trees, commit_every, commit_seconds, idle_groups)
         self.rows: dict[int, TrackedSeq] = {}
         self._forget()
         self.away: dict[int, TrackedSeq] = {}  # id -> sequence out of the batch that may come back
@@ -106,10 +107,95 @@ class TreeDrafts(RowTracking):
     # --- identification -------------------------------------------------------------------
     def _new_seq(self, row: np.ndarray, plen: int) -> TrackedSeq:
         prompt = row[:plen].tolist()
-        uid = prompt_uid(prompt, self.table.fingerprint)
+        uid = prompt_uid(prompt, self.settings.fingerprint)
         g = self.groups.open(uid)
         streams = self.trees.streams(g, prompt[-1])
         return TrackedSeq(uid, plen, plen, streams, tuple(st.core for st in streams), g)
+
+    @staticmethod
+    def _continues(s: TrackedSeq, row: np.ndarray, n: int, k: int) -> bool:
+        """Whether a row `n` long that sampled `k` tokens holds `s`: `grown` to its length, with the same tail."""
+        tail = gather_tails(row[None], np.zeros(1, np.int64), np.array([s.seen]))[0]
+        return bool(grown(s.seen, s.done, n, k)) and np.array_equal(tail, s.tail)
+
+    def _moved(self, free: dict[int, TrackedSeq], row: np.ndarray, n: int, k: int) -> TrackedSeq | None:
+        """A tracked sequence that now sits in another row (vLLM condensed its batch)."""
+        return next((s for s in free.values() if self._continues(s, row, n, k)), None)
+
+    def _returned(self, row: np.ndarray, held: int) -> TrackedSeq | None:
+        """A sequence back in the batch holding exactly what it held (a longer row starting with it is new)."""
+        return next((s for s in self.away.values() if s.seen == held and self._continues(s, row, held, 0)), None)
+
+    def _arrived(self, free: dict[int, TrackedSeq], row: np.ndarray, n: int, k: int) -> TrackedSeq:
+        """The sequence a row holds that is not the one it held: a tracked one that moved, one
+        that came back, else a new one whose prompt is the row without its `k` sampled tokens."""
+        s = self._moved(free, row, n, k)
+        if s is not None:
+            free.pop(id(s))
+            return s
+        s = self._returned(row, n - k)
+        if s is not None:
+            del self.away[id(s)]
+            s.left = -1
+            self.c.resumed_rows += 1
+            return s
+        return self._new_seq(row, max(n - k, 1))
+
+    def _kept(self, sampled: np.ndarray, num: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """Per tracked sequence (order of `rows`): whether its row still holds it (`_continues`), at once."""
+        same = np.zeros(len(self.slots), dtype=bool)
+        live = self.slots < len(sampled)
+        if live.any():
+            slots, seen = self.slots[live], self.seen[live]
+            same[live] = grown(seen, self.done[live], num[slots], sampled[slots]) \
+                & (gather_tails(ids, slots, seen) == self.tails[live]).all(1)
+        return same
+
+    def _track(self, sampled: np.ndarray, num_tokens_no_spec: np.ndarray,
+               token_ids_cpu: np.ndarray) -> tuple[dict[int, TrackedSeq], np.ndarray]:
+        """Row -> the sequence it holds now (`sampled`: how many tokens each row sampled this
+        step), and per row (in that order) where its state was last step: its index in the
+        arrays `_remember` kept, or -1 (it moved, came back or is new: its `TrackedSeq` holds
+        it). A tracked sequence no row holds any more has left."""
+        kept, prev = self._kept(sampled, num_tokens_no_spec, token_ids_cpu), list(self.rows.values())
+        src = np.flatnonzero(kept)
+        src = src[np.argsort(self.slots[src], kind="stable")]  # rows that kept their sequence, by row
+        cur = dict(zip(self.slots[src].tolist(), map(prev.__getitem__, src.tolist())))
+        free = {}
+        for j in np.flatnonzero(~kept).tolist():  # the others may have moved, left or come back later
+            s = prev[j]
+            self._park(s, j)
+            free[id(s)] = s
+        held = np.zeros(len(sampled), dtype=bool)
+        held[self.slots[src]] = True
+        arrived = np.flatnonzero((sampled > 0) & ~held).tolist()  # rows still prefilling sampled nothing
+        for i in arrived:  # moved rows, returning and new sequences
+            cur[i] = self._arrived(free, token_ids_cpu[i], int(num_tokens_no_spec[i]), int(sampled[i]))
+        for s in free.values():
+            self._left(s)
+        return cur, np.concatenate([src, np.full(len(arrived), -1, dtype=np.int64)])
+
+    def _park(self, s: TrackedSeq, j: int) -> None:
+        """Sequence `j` of the kept arrays leaves them: its state goes back into its `TrackedSeq`."""
+        s.seen, s.done, s.tail = int(self.seen[j]), bool(self.done[j]), self.tails[j]
+        s.spec_len, s.last_draft = int(self.last.spec[j]), self.last.drafts[j]
+
+    def _left(self, s: TrackedSeq) -> None:
+        """A sequence left the batch (finished, preempted or skipped: it may come back); ends in `PARK_STEPS`."""
+        if not s.ended:
+            s.left = self.step
+            self.away[id(s)] = s
+
+    def _expire(self) -> None:
+        # `away` is in leaving order (a returning one is re-inserted when it leaves again): expired ones first
+        while self.away and self.step - (s := next(iter(self.away.values()))).left > PARK_STEPS:
+            del self.away[id(s)]
+            self._end(s)
+
+    def _remember(self, slots: np.ndarray, seen: np.ndarray, done: np.ndarray, ids: np.ndarray) -> None:
+        """Each tracked row's slot, length, doneness and `TAIL` tokens before it, for the next step."""
+        self.slots, self.seen, self.done = slots, seen, done
+        self.tails = gather_tails(ids, slots, seen)
 
     # --- the hook -----------------------------------------------------------------------------
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
@@ -158,9 +244,6 @@ class TreeDrafts(RowTracking):
             drafts[r], cores[r] = s.last_draft, s.cores
         return _Rows(slots, cols[0], cols[1], cols[2], cols[3] > 0, cols[4], drafts, seqs, cores)
 
-    def _park(self, s: TrackedSeq, j: int) -> None:
-        super()._park(s, j)
-        s.spec_len, s.last_draft = int(self.last.spec[j]), self.last.drafts[j]
 
     def _forget(self) -> None:
         """No row is tracked (a new proposer, or after `finish`)."""
@@ -178,7 +261,7 @@ class TreeDrafts(RowTracking):
             b.cores, ids, b.slots, b.seen, ends, b.plen + self.cap, self.eos_ids, b.drafts, threads))
         b.verified = fresh & (b.drafted > 0)  # its draft's verdict: kept drafts come first in the new tokens
         self.c.accepted_tokens += int(accepted[b.verified].sum())
-        if self.table.adaptive:
+        if self.settings.adaptive:
             b.spec = np.where(b.verified, next_draft_lengths(b.spec, self.budget, b.drafted, accepted), b.spec)
         last = ids[b.slots, np.maximum(b.seen + fed - 1, 0)]
         ended = fresh & ((fed < n - b.seen) | ((fed > 0) & (last[:, None] == self.eos_ids).any(1))
@@ -196,7 +279,7 @@ class TreeDrafts(RowTracking):
         room = np.minimum(self.budget if tail else b.spec,
                           np.minimum(self.max_model_len - b.n - 1, self.cap - (b.n - b.plen) - 1))
         threads = self.threads if np.count_nonzero(drafting) >= THREAD_ROWS else 1
-        drafts = draft_many(b.cores, np.where(drafting, room, 0), self.table.min_prob, threads)
+        drafts = draft_many(b.cores, np.where(drafting, room, 0), self.settings.min_prob, threads)
         lengths = np.fromiter(map(len, drafts), np.int64, len(drafts))
         self.c.drafted(int(drafting.sum()), lengths)
         for i, d in zip(b.slots.tolist(), drafts):

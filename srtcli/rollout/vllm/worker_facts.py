@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from srtcli.errors import SrtError
-from srtcli.rollout.vllm.table import Table
+from srtcli.rollout.vllm.settings import ProposerSettings
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ def model_facts(vllm_config: Any) -> ModelFacts:
     return facts_of(tok, generation_eos, str(vllm_config.device_config.device_type))
 
 
-def completed(table: Table, facts: ModelFacts) -> Table:
-    """The table with what it left open filled in from the model and the platform."""
-    return replace(table, fingerprint=table.fingerprint or facts.fingerprint,
-                   eos_ids=facts.eos_ids if table.eos_ids is None else table.eos_ids,
-                   adaptive=facts.device_type != "cuda" if table.adaptive is None else table.adaptive)
+def completed(settings: ProposerSettings, facts: ModelFacts) -> ProposerSettings:
+    """The settings with what they left open filled in from the model and the platform."""
+    return replace(settings, fingerprint=settings.fingerprint or facts.fingerprint,
+                   eos_ids=facts.eos_ids if settings.eos_ids is None else settings.eos_ids,
+                   adaptive=facts.device_type != "cuda" if settings.adaptive is None else settings.adaptive)

@@ -5,7 +5,7 @@ the way the drafting rules define it, instead of read off the sequence's own str
 from __future__ import annotations
 
 from srtcli.rollout.drafters.group_trees import DEPTH, SHARED_DEPTH
-from srtcli.rollout.drafters.srt import expected_length
+from tests.cache_store.reference_tree import expected_length
 
 
 def context_draft(tree, shared, ctx: list[int], budget: int, min_prob: float) -> list[int]:

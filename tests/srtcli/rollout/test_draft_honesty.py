@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from srtcli.rollout.drafters.base import Proposal
-from srtcli.rollout.drafters.srt import SrtDrafter, best_draft
+from cache_store.suffix_tree import best_draft
+from srtcli.rollout.drafters.srt import SrtDrafter
 from srtcli.rollout.engine.engine import Engine
 from srtcli.rollout.engine.sampling import SamplingParams
 from srtcli.rollout.engine.sequence import Sequence

@@ -8,6 +8,7 @@ import math
 import random
 
 from cache_store.seqstore import LmdbSequenceStore, load_tree
+from srtcli.tree_cache import TreeCache
 from srtcli.rollout.drafters import make_drafter
 from srtcli.rollout.drafters.ngram import NgramDrafter
 from srtcli.rollout.drafters.srt import SrtDrafter
@@ -92,7 +93,8 @@ def test_srt_shares_tokens_within_a_group_at_once_and_not_across_groups():
 def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
     store = LmdbSequenceStore.open(tmp_path / "cache")
     g, h = "a" * 32, "b" * 32
-    d = SrtDrafter(store=store)
+    cache = TreeCache(store)  # the rollout's driver owns it: appends happen when it flushes
+    d = SrtDrafter(cache=cache)
     a = seq([1, 2], group=g)
     d.begin(a)
     d.extend(a, [7, 8, 9, 10])
@@ -109,6 +111,7 @@ def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
         d.end(s)
     d.group_done(g), d.group_done(h)
     d.close()
+    cache.flush()
     # the run-wide tree is never persisted: h's stored sequences are only h's own, anchor first
     assert [list(s.tokens) for s in store.read(h)] == [[2, 7, 5, 5], [2, 7]]
     assert load_tree(store, h).count([7, 5, 5]) == 1 and load_tree(store, h).count([8]) == 0
@@ -184,7 +187,8 @@ def test_srt_appends_only_the_sequences_the_run_added(tmp_path):
     u, v = "c" * 32, "d" * 32
     store = LmdbSequenceStore.open(tmp_path / "cache")
     store.append(u, [[2, 5, 6]])
-    d = SrtDrafter(store=store)
+    cache = TreeCache(store)  # the rollout's driver owns it: appends happen when it flushes
+    d = SrtDrafter(cache=cache)
     s = seq([1, 2], group=u)
     d.begin(s)
     assert d.propose(s, 4).tokens == [5, 6]  # loaded from the store
@@ -192,7 +196,7 @@ def test_srt_appends_only_the_sequences_the_run_added(tmp_path):
     d.end(s)
     d.group_done(u)
     assert len(store.read(u)) == 1  # appends are batched ...
-    d.flush()  # ... until the rollout batch ends
+    cache.flush()  # ... until the rollout batch ends (the driver ticks the cache)
     # the run's sequence (anchor first) is appended once; the loaded one is not written back
     assert [list(x.tokens) for x in store.read(u)] == [[2, 5, 6], [2, 5, 6]]
     assert load_tree(store, u).count([5, 6]) == 2
@@ -203,6 +207,7 @@ def test_srt_appends_only_the_sequences_the_run_added(tmp_path):
     d.extend(r, [8, 9])
     d.end(r)
     d.close()
+    cache.flush()
     assert [list(x.tokens) for x in store.read(v)] == [[4, 8, 9]]
     assert d.stats()["cache_groups"] == 1  # run-ahead loads do not count in the hit rate
     store.close()
@@ -211,13 +216,14 @@ def test_srt_appends_only_the_sequences_the_run_added(tmp_path):
 def test_tokens_streamed_after_a_group_retired_still_reach_the_store(tmp_path):
     u = "e" * 32
     store = LmdbSequenceStore.open(tmp_path / "cache")
-    d = SrtDrafter(store=store)
+    cache = TreeCache(store)  # the rollout's driver owns it: appends happen when it flushes
+    d = SrtDrafter(cache=cache)
     s = seq([1, 2], group=u)
     d.begin(s)
     d.extend(s, [5])
     d.group_done(u)  # e.g. a run-ahead sequence still running for a prompt whose group ended
     d.extend(s, [6, 7])
-    d.flush()
+    cache.flush()
     assert [list(x.tokens) for x in store.read(u)] == [[2, 5, 6, 7]]
     store.close()
 
@@ -225,7 +231,8 @@ def test_tokens_streamed_after_a_group_retired_still_reach_the_store(tmp_path):
 def test_a_prompt_retired_twice_before_an_append_keeps_both_groups(tmp_path):
     u = "f" * 32
     store = LmdbSequenceStore.open(tmp_path / "cache")
-    d = SrtDrafter(store=store)
+    cache = TreeCache(store)  # the rollout's driver owns it: appends happen when it flushes
+    d = SrtDrafter(cache=cache)
     for toks in ([5, 6], [7, 8]):
         s = seq([1, 2], group=u, runahead=True)
         d.begin(s)
@@ -233,6 +240,7 @@ def test_a_prompt_retired_twice_before_an_append_keeps_both_groups(tmp_path):
         d.end(s)
         d.group_done(u)
     d.close()
+    cache.flush()
     assert sorted(list(x.tokens) for x in store.read(u)) == [[2, 5, 6], [2, 7, 8]]
     store.close()
 

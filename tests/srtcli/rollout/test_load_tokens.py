@@ -1,5 +1,5 @@
 """`--load-tokens`: a prompt's tree is built from its newest stored rollouts up to that many
-tokens, in the embedded drafter and in the vLLM proposer alike (`Table.load_tokens`), set by
+tokens, in the embedded drafter and in the vLLM proposer alike (`ProposerSettings.load_tokens`), set by
 the flag or the config key (the flag wins)."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import numpy as np
 
 from cache_store.seqstore import LOAD_TOKENS, LmdbSequenceStore
 from cache_store.uid import prompt_uid
+from srtcli.tree_cache import TreeCache
 from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.drafters.srt import SrtDrafter
-from srtcli.rollout.vllm.table import Table, read_table, write_table
+from srtcli.rollout.vllm.settings import ProposerSettings, read_settings, write_settings
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from tests.srtcli.rollout.four_ways import rollout_four_ways
 
@@ -30,19 +31,19 @@ def store_with_rollouts(tmp_path: Path) -> LmdbSequenceStore:
 def test_the_embedded_drafter_loads_the_newest_rollouts_that_fit(tmp_path):
     store = store_with_rollouts(tmp_path)
     for bound, kept in ((9, [STORED[1], STORED[2]]), (8, [STORED[2]]), (10**6, STORED)):
-        tree = SrtDrafter(store, load_tokens=bound).trees.group(UID).tree
+        tree = SrtDrafter(TreeCache(store), load_tokens=bound).trees.group(UID).tree
         assert [list(tree.sequence(i)) for i in range(tree.sequences)] == kept
-    assert SrtDrafter(store).trees.load_tokens == LOAD_TOKENS == RolloutConfig("p").load_tokens
+    assert SrtDrafter(TreeCache(store)).trees.load_tokens == LOAD_TOKENS == RolloutConfig("p").load_tokens
     store.close()
 
 
 def test_the_vllm_proposer_loads_what_its_table_allows(tmp_path):
     store = store_with_rollouts(tmp_path)
-    write_table(tmp_path / "t.json", Table(None, 50, [2], adaptive=False, fingerprint="tok-test", load_tokens=9,
+    write_settings(tmp_path / "t.json", ProposerSettings(None, 50, [2], adaptive=False, fingerprint="tok-test", load_tokens=9,
                                            load_steps=1))
-    table = read_table(tmp_path / "t.json")
-    assert table.load_tokens == 9 and Table().load_tokens == LOAD_TOKENS and table.load_steps == 1
-    drafts = TreeDrafts(table, 4, 100, store=store)
+    settings = read_settings(tmp_path / "t.json")
+    assert settings.load_tokens == 9 and ProposerSettings().load_tokens == LOAD_TOKENS and settings.load_steps == 1
+    drafts = TreeDrafts(settings, 4, 100, cache=TreeCache(store))
     row = np.zeros((1, 100), dtype=np.int32)
     row[0, :4] = PROMPT + [4]
     drafts.propose([[4]], np.array([4], dtype=np.int32), row)

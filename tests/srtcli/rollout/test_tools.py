@@ -117,13 +117,12 @@ def test_exact_division_property(a, b):
 def test_find_tool_call_takes_the_call_that_ends_the_text():
     text = "Tom has 3 apples.<calc>3*4</calc>"
     call = find_tool_call(text)
-    assert call == ToolCall("calculator", "3*4", len(text))
+    assert call == ToolCall("calculator", {"expression": "3*4"})
     assert run_tool("calculator", call) == "<result>12</result>"
-    # trailing whitespace is fine; the end index points past the closing tag
-    assert find_tool_call(text + " \n") == call
+    assert find_tool_call(text + " \n") == call  # trailing whitespace is fine
     # an earlier answered call is ignored; the new one is found
     two = text + "<result>12</result> then <calc>12+1</calc>"
-    assert find_tool_call(two).expr == "12+1"
+    assert find_tool_call(two).arguments == {"expression": "12+1"}
     assert run_tool("calculator", find_tool_call(two)) == "<result>13</result>"
 
 

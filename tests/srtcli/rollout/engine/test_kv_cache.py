@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from srtcli.rollout.engine.slot_cache import Packed, Windows, packed_attention, slot_attention
+from srtcli.rollout.engine.kv_cache import Packed, Windows, packed_attention, slot_attention
 
 ROOT = Path(__file__).resolve().parents[4]
 

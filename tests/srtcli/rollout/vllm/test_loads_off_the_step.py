@@ -16,13 +16,14 @@ import numpy as np
 
 from cache_store.seqstore import LmdbSequenceStore
 from cache_store.suffix_tree import SuffixStream, SuffixTree
-from srtcli.rollout.vllm.table import Table
+from srtcli.tree_cache import TreeCache
+from srtcli.rollout.vllm.settings import ProposerSettings
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from tests.srtcli.rollout.vllm.test_vllm_proposer import EOS, FP, MAX_NEW, PROMPTS, UID_A, _outputs, simulate, stored
 
 
-def _table(**kw) -> Table:
-    return Table(None, MAX_NEW, [EOS], adaptive=False, fingerprint=FP, **kw)
+def _settings(**kw) -> ProposerSettings:
+    return ProposerSettings(None, MAX_NEW, [EOS], adaptive=False, fingerprint=FP, **kw)
 
 
 class Recording(TreeDrafts):
@@ -76,8 +77,8 @@ def disagreement(tmp_path, seed: int, adopt=None, inline_tokens: int = 0, move=N
     first, second = _outputs(rng), _outputs(rng) + [(UID_A, [EOS])]  # one that ends in its first step
     with LmdbSequenceStore.open(tmp_path / "off") as off, LmdbSequenceStore.open(tmp_path / "in") as inside:
         for store in (off, inside):
-            simulate(TreeDrafts(_table(load_steps=0), 4, 64, store=store), first, 4, random.Random(seed))
-        lazy = Recording(_table(), 4, 64, store=off)
+            simulate(TreeDrafts(_settings(load_steps=0), 4, 64, cache=TreeCache(store)), first, 4, random.Random(seed))
+        lazy = Recording(_settings(), 4, 64, cache=TreeCache(off))
         lazy.first, lazy.trees.inline_tokens = [], inline_tokens
         if adopt:
             lazy.trees.adopt = types.MethodType(adopt, lazy.trees)
@@ -87,7 +88,7 @@ def disagreement(tmp_path, seed: int, adopt=None, inline_tokens: int = 0, move=N
             got, counts = simulate(lazy, second, 4, random.Random(seed + 1))
         except IndexError as e:
             return f"crashed: {e}"
-        want, want_counts = simulate(TreeDrafts(_table(load_steps=0), 4, 64, store=inside), second, 4,
+        want, want_counts = simulate(TreeDrafts(_settings(load_steps=0), 4, 64, cache=TreeCache(inside)), second, 4,
                                      random.Random(seed + 1))
         if stored(off) != stored(inside):
             return "stored sequences differ"
@@ -118,7 +119,7 @@ def test_a_group_left_on_its_empty_tree_is_caught(tmp_path):
 
 def test_a_build_that_fails_is_logged_and_the_group_drafts_on(tmp_path, monkeypatch, caplog):
     with LmdbSequenceStore.open(tmp_path / "c") as store:
-        simulate(TreeDrafts(_table(load_steps=0), 4, 64, store=store), _outputs(random.Random(0)), 4,
+        simulate(TreeDrafts(_settings(load_steps=0), 4, 64, cache=TreeCache(store)), _outputs(random.Random(0)), 4,
                  random.Random(0))
         before = stored(store)
 
@@ -126,7 +127,7 @@ def test_a_build_that_fails_is_logged_and_the_group_drafts_on(tmp_path, monkeypa
             raise MemoryError("no room for the tree")
 
         monkeypatch.setattr(SuffixTree, "from_sequences", classmethod(broken))
-        d = TreeDrafts(_table(load_steps=1), 4, 64, store=store)
+        d = TreeDrafts(_settings(load_steps=1), 4, 64, cache=TreeCache(store))
         d.trees.inline_tokens = 0
         ids = np.zeros((1, 64), dtype=np.int64)
         p = PROMPTS[UID_A]

@@ -1,4 +1,4 @@
-"""The proposer's tree work on several threads (`Table.threads`) drafts and stores exactly what
+"""The proposer's tree work on several threads (`ProposerSettings.threads`) drafts and stores exactly what
 it does on one: appends run one tree per thread at a time, drafts only read."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import os
 import random
 
 from cache_store.seqstore import LmdbSequenceStore
+from srtcli.tree_cache import TreeCache
 from srtcli.rollout.vllm import tree_drafts
-from srtcli.rollout.vllm.table import Table
+from srtcli.rollout.vllm.settings import ProposerSettings
 from srtcli.rollout.vllm.tree_drafts import FEED_THREADS, TreeDrafts, feed_threads
 from tests.srtcli.rollout.vllm.test_vllm_proposer import EOS, FP, MAX_NEW, _outputs, simulate, stored
 
@@ -24,9 +25,9 @@ def test_threads_draft_and_store_what_one_thread_does(tmp_path, monkeypatch):
         runs = []
         for threads in (1, 3):
             with LmdbSequenceStore.open(tmp_path / f"{seed}-{threads}") as store:
-                table = Table(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP, threads=threads)
+                settings = ProposerSettings(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP, threads=threads)
                 for epoch in range(2):  # the second drafts from the first's stored trees too
-                    got = simulate(TreeDrafts(table, 4, 64, store=store), _outputs(random.Random(seed + epoch)), 5,
+                    got = simulate(TreeDrafts(settings, 4, 64, cache=TreeCache(store)), _outputs(random.Random(seed + epoch)), 5,
                                    random.Random(seed))
                 runs.append((got, stored(store)))
         assert runs[0] == runs[1]
@@ -37,5 +38,5 @@ def test_threads_draft_and_store_what_one_thread_does(tmp_path, monkeypatch):
 def test_the_default_is_the_cores_this_process_may_use_at_most_four():
     cores = len(os.sched_getaffinity(0))
     assert feed_threads() == min(FEED_THREADS, cores) and FEED_THREADS == 4
-    assert TreeDrafts(Table(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP), 4, 64).threads == feed_threads()
-    assert TreeDrafts(Table(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP, threads=3), 4, 64).threads == 3
+    assert TreeDrafts(ProposerSettings(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP), 4, 64).threads == feed_threads()
+    assert TreeDrafts(ProposerSettings(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP, threads=3), 4, 64).threads == 3

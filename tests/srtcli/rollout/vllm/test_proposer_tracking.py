@@ -14,9 +14,10 @@ import pytest
 
 from cache_store.seqstore import LmdbSequenceStore
 from cache_store.uid import prompt_uid
+from srtcli.tree_cache import TreeCache
 from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_length
 from srtcli.rollout.drafters.group_trees import DEPTH
-from srtcli.rollout.vllm.table import Table
+from srtcli.rollout.vllm.settings import ProposerSettings
 from srtcli.rollout.vllm.row_tracking import TAIL, gather_tails
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from tests.srtcli.rollout.context_drafts import context_draft
@@ -109,7 +110,7 @@ class WholeRowTracking(TreeDrafts):
         if room <= 0:
             return []
         ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(DEPTH - 1):].tolist()
-        toks = context_draft(s.group.tree, self.trees.shared, ctx, room, self.table.min_prob)
+        toks = context_draft(s.group.tree, self.trees.shared, ctx, room, self.settings.min_prob)
         if toks:
             self.c.drafted_rows += 1
             self.c.drafted_tokens += len(toks)
@@ -213,12 +214,12 @@ def test_incremental_tracking_drafts_and_stores_what_whole_row_tracking_does(tmp
     """Short prompts: rows shorter than `TAIL` are recognised token by token; prompts past it
     (as in production): by whole windows (`gather_tails`)."""
     lead = list(range(100, 100 + lead))
-    table = Table(None, MAX_NEW, [EOS], adaptive=True, shared=shared, fingerprint=FP)
+    settings = ProposerSettings(None, MAX_NEW, [EOS], adaptive=True, shared=shared, fingerprint=FP)
     got, want = {}, {}
     for name, cls, out in (("new", TreeDrafts, got), ("ref", WholeRowTracking, want)):
-        table.cache = str(tmp_path / name)
+        settings.cache = str(tmp_path / name)
         with LmdbSequenceStore.open(tmp_path / name) as store:
-            d = cls(table, 4, WIDTH + len(lead) - 8, store=store, commit_every=2, max_num_seqs=5)
+            d = cls(settings, 4, WIDTH + len(lead) - 8, cache=TreeCache(store), commit_every=2, max_num_seqs=5)
             out["drafts"], out["counts"] = drive(d, seed, 5, lead)
             out["stored"] = stored(store)
     assert got["drafts"] == want["drafts"]
@@ -228,7 +229,7 @@ def test_incremental_tracking_drafts_and_stores_what_whole_row_tracking_does(tmp
 
 
 def test_a_row_whose_tokens_before_its_length_changed_is_not_taken_for_the_same_sequence():
-    d = TreeDrafts(Table(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP), 4, WIDTH - 8)
+    d = TreeDrafts(ProposerSettings(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP), 4, WIDTH - 8)
     p = [11, 12]
     ids = np.zeros((1, WIDTH), dtype=np.int64)
     ids[0, : len(p) + 3] = p + [20, 21, 22]
@@ -246,7 +247,7 @@ def test_identical_samples_that_trade_rows_are_each_still_themselves():
     """Greedy samples of a prompt are identical: a longer one now in the row a shorter one held
     starts with the same tokens, but it is not that one (its length is not what that one had
     plus this step's tokens), so neither is taken for the other nor for a new sequence."""
-    d = TreeDrafts(Table(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP), 4, WIDTH - 8)
+    d = TreeDrafts(ProposerSettings(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP), 4, WIDTH - 8)
     full = [11, 12] + [20 + i % 5 for i in range(40)]
     ids = np.zeros((2, WIDTH), dtype=np.int64)
     n = [3, 3]
@@ -265,11 +266,11 @@ def test_identical_samples_that_trade_rows_are_each_still_themselves():
     a, b = d.rows[0], d.rows[1]
     step([1, 0], [1, 1])  # vLLM reorders its batch: they trade rows
     assert d.rows[0] is b and d.rows[1] is a and d.seen.tolist() == [n[1], n[0]]  # row state, in row order
-    assert len(d.groups.pending) == 0 and d.away == {}  # no sequence left, none started anew
+    assert d.groups.waiting == 0 and d.away == {}  # no sequence left, none started anew
 
 
 def test_rows_after_a_finished_batch_are_new_sequences_of_the_next():
-    d = TreeDrafts(Table(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP), 4, WIDTH - 8)
+    d = TreeDrafts(ProposerSettings(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP), 4, WIDTH - 8)
     p = [11, 12]
     ids = np.zeros((2, WIDTH), dtype=np.int64)
     ids[:, : len(p) + 2] = p + [20, 21]

@@ -14,13 +14,14 @@ import pytest
 
 from cache_store.seqstore import LmdbSequenceStore, load_tree
 from cache_store.uid import prompt_uid
+from srtcli.tree_cache import TreeCache
 from srtcli.rollout.drafters.srt import SrtDrafter
 from srtcli.rollout.engine.sequence import Sequence
 from srtcli.errors import SrtError
 from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.vllm.engine import check_model, refusal
 from srtcli.rollout.drafters.group_trees import DEPTH
-from srtcli.rollout.vllm.table import Table, read_table, write_table
+from srtcli.rollout.vllm.settings import ProposerSettings, read_settings, write_settings
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 
 EOS = 2
@@ -83,7 +84,8 @@ def simulate(drafts: TreeDrafts, seqs: list[tuple[str, list[int]]], slots: int, 
 
 def embedded_fill(store: LmdbSequenceStore, seqs: list[tuple[str, list[int]]]) -> None:
     """The embedded engine's drafter fed the same sequences (cut at eos / MAX_NEW as it does)."""
-    d = SrtDrafter(store=store)
+    cache = TreeCache(store)
+    d = SrtDrafter(cache=cache)
     for uid in PROMPTS:
         for _, out in [s for s in seqs if s[0] == uid]:
             cut = out[:MAX_NEW]
@@ -95,6 +97,7 @@ def embedded_fill(store: LmdbSequenceStore, seqs: list[tuple[str, list[int]]]) -
             d.end(s)
         d.group_done(uid)
     d.close()
+    cache.flush()
 
 
 def stored(store: LmdbSequenceStore) -> dict[str, list[tuple[int, ...]]]:
@@ -109,8 +112,8 @@ class NoMoveTracking(TreeDrafts):
         return None
 
 
-def _table(cache: Path | None, **kw) -> Table:
-    return Table(str(cache) if cache else None, MAX_NEW, [EOS], fingerprint=FP, **{"adaptive": True, **kw})
+def _settings(cache: Path | None, **kw) -> ProposerSettings:
+    return ProposerSettings(str(cache) if cache else None, MAX_NEW, [EOS], fingerprint=FP, **{"adaptive": True, **kw})
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -118,12 +121,12 @@ def test_cache_written_from_vllm_rows_equals_the_embedded_drafters(tmp_path, see
     seqs = _outputs(random.Random(seed))
     with LmdbSequenceStore.open(tmp_path / "emb") as emb, LmdbSequenceStore.open(tmp_path / "vllm") as vs:
         embedded_fill(emb, seqs)
-        d = TreeDrafts(_table(tmp_path / "vllm"), budget=4, max_model_len=64, store=vs)
+        d = TreeDrafts(_settings(tmp_path / "vllm"), budget=4, max_model_len=64, cache=TreeCache(vs))
         simulate(d, seqs, slots=4, rng=random.Random(seed + 10))
         assert stored(vs) == stored(emb) and all(len(v) == 3 for v in stored(vs).values())
         # the wrong variant stores moved rows twice, and the comparison sees it
         with LmdbSequenceStore.open(tmp_path / "wrong") as ws:
-            simulate(NoMoveTracking(_table(tmp_path / "wrong"), 4, 64, store=ws), seqs, 4, random.Random(seed + 10))
+            simulate(NoMoveTracking(_settings(tmp_path / "wrong"), 4, 64, cache=TreeCache(ws)), seqs, 4, random.Random(seed + 10))
             assert stored(ws) != stored(emb)
 
 
@@ -131,17 +134,17 @@ def test_second_run_drafts_from_the_cache_and_drafts_respect_limits(tmp_path):
     rng = random.Random(3)
     seqs = _outputs(rng)
     with LmdbSequenceStore.open(tmp_path / "c") as store:
-        first = TreeDrafts(_table(tmp_path / "c"), budget=4, max_model_len=64, store=store)
+        first = TreeDrafts(_settings(tmp_path / "c"), budget=4, max_model_len=64, cache=TreeCache(store))
         _, c0 = simulate(first, seqs, 4, random.Random(4))
         assert c0["groups"] == 3 and c0["hits"] == 0
-        second = TreeDrafts(_table(tmp_path / "c"), budget=4, max_model_len=64, store=store)
+        second = TreeDrafts(_settings(tmp_path / "c"), budget=4, max_model_len=64, cache=TreeCache(store))
         props, c2 = simulate(second, seqs, 4, random.Random(4))
         assert c2["groups"] == 3 and c2["hits"] == 3 and c2["resumed_rows"] == 0
         assert sum(len(p) for step in props for p in step) == c2["drafted_tokens"] > 0
         assert all(len(p) <= 4 for step in props for p in step)
     # drafts are what followed the context in the stored tree, the most frequent path
     with LmdbSequenceStore.open(tmp_path / "c") as store:
-        d = TreeDrafts(_table(tmp_path / "c", load_steps=0, adaptive=False), budget=3, max_model_len=64, store=store)
+        d = TreeDrafts(_settings(tmp_path / "c", load_steps=0, adaptive=False), budget=3, max_model_len=64, cache=TreeCache(store))
         uid, out = next(s for s in seqs if s[0] == UID_C and EOS in s[1][:MAX_NEW])
         ids = np.zeros((1, 64), dtype=np.int64)
         p = PROMPTS[uid]
@@ -150,18 +153,18 @@ def test_second_run_drafts_from_the_cache_and_drafts_respect_limits(tmp_path):
         tree = load_tree(store, uid)
         assert got == tree.draft([p[-1], out[0]], budget=3, min_prob=0.1).tokens != []
         # built off the step, the stored tree drafts from the next step on (`load_steps`)
-        lazy = TreeDrafts(_table(tmp_path / "c", adaptive=False, load_steps=1), budget=3, max_model_len=64, store=store)
+        lazy = TreeDrafts(_settings(tmp_path / "c", adaptive=False, load_steps=1), budget=3, max_model_len=64, cache=TreeCache(store))
         lazy.trees.inline_tokens = 0  # (a load this small is built in the step by default)
         assert lazy.propose([[out[0]]], np.array([len(p) + 1]), ids)[0] == []  # nothing else knows it
         assert lazy.propose([[out[1]]], np.array([len(p) + 2]), ids) == d.propose([[out[1]]], np.array([len(p) + 2]), ids)
         assert lazy.trees.groups[uid].tree.sequences == tree.sequences + 1
         # no room left before max_model_len: no draft
-        short = TreeDrafts(_table(None), budget=3, max_model_len=len(p) + 2)
+        short = TreeDrafts(_settings(None), budget=3, max_model_len=len(p) + 2)
         assert short.propose([[out[0]]], np.array([len(p) + 1]), ids)[0] == []
 
 
 def test_a_rows_prompt_is_what_it_held_before_its_first_sampled_tokens(tmp_path):
-    d = TreeDrafts(_table(None), budget=4, max_model_len=64)
+    d = TreeDrafts(_settings(None), budget=4, max_model_len=64)
     ids = np.zeros((4, 64), dtype=np.int64)
     ids[0, :4] = [99, 98, 97, 20]  # any prompt: nothing tells the proposer its prompts beforehand
     ids[1, :6] = [5, 6, 7, 8, 9, 21]  # prompt b, though prompt a is a prefix of it
@@ -189,7 +192,7 @@ def test_a_prompt_seen_more_often_than_its_tree_can_hold_starts_again_from_its_n
         monkeypatch.setattr(commits, "GROUP_MAX_TOKENS", 12)  # 4 sequences of 3 tokens (anchor first)
     p = PROMPTS[UID_A]
     with LmdbSequenceStore.open(tmp_path / "c") as store:
-        d = TreeDrafts(_table(tmp_path / "c", load_tokens=7), budget=4, max_model_len=64, store=store,
+        d = TreeDrafts(_settings(tmp_path / "c", load_tokens=7), budget=4, max_model_len=64, cache=TreeCache(store),
                        commit_every=1000)
         d.trees.inline_tokens = 0 if "off" in bound else d.trees.inline_tokens
         groups, streamed, off = set(), [], 0
@@ -215,9 +218,9 @@ def test_a_prompt_seen_more_often_than_its_tree_can_hold_starts_again_from_its_n
 
 
 def test_table_round_trips(tmp_path):
-    t = _table(tmp_path / "c")
-    write_table(tmp_path / "t.json", t)
-    assert read_table(tmp_path / "t.json") == t
+    t = _settings(tmp_path / "c")
+    write_settings(tmp_path / "t.json", t)
+    assert read_settings(tmp_path / "t.json") == t
 
 
 def _opts(**kw):
@@ -266,7 +269,7 @@ def test_head_sizes_vllm_cpu_lacks_are_one_line_errors():
 
 
 def test_draft_length_adapts_to_what_the_row_accepted():
-    d = TreeDrafts(_table(None), budget=4, max_model_len=64)
+    d = TreeDrafts(_settings(None), budget=4, max_model_len=64)
     p = PROMPTS[UID_C]
     ids = np.zeros((2, 64), dtype=np.int64)
     a_out = [30, 31] * 6
@@ -281,7 +284,7 @@ def test_draft_length_adapts_to_what_the_row_accepted():
     ids[1, 5] = 30
     num[1] += 1
     assert d.propose([[31], [30]], num, ids)[1] == [31, 30]  # shrunk to accepted + 1 = 2
-    fixed = TreeDrafts(_table(None, adaptive=False), budget=4, max_model_len=64)
+    fixed = TreeDrafts(_settings(None, adaptive=False), budget=4, max_model_len=64)
     ids[1, 3:] = 0
     ids[1, : len(p) + 1] = p + [30]
     num[1] = len(p) + 1
@@ -296,7 +299,7 @@ def test_draft_length_adapts_to_what_the_row_accepted():
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_a_row_drafts_from_the_run_wide_tree_as_the_embedded_drafter_does(shared):
-    d = TreeDrafts(_table(None, shared=shared), budget=4, max_model_len=64)
+    d = TreeDrafts(_settings(None, shared=shared), budget=4, max_model_len=64)
     a, c = PROMPTS[UID_A], PROMPTS[UID_C]
     ids = np.zeros((2, 64), dtype=np.int64)
     ids[0, : len(a) + 5] = a + [30, 31, 32, 33, 34]  # prompt a's row has generated 30 31 32 33 34

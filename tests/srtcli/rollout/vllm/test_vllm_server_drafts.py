@@ -18,10 +18,11 @@ import pytest
 
 from cache_store.seqstore import LmdbSequenceStore
 from cache_store.uid import prompt_uid
+from srtcli.tree_cache import TreeCache
 from srtcli.errors import SrtError
 from srtcli.rollout.vllm import row_tracking
 from srtcli.rollout.vllm.commits import commit_settings
-from srtcli.rollout.vllm.table import Table
+from srtcli.rollout.vllm.settings import ProposerSettings
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from srtcli.rollout.vllm.worker_facts import ModelFacts, completed, facts_of, load_worker_tokenizer
 
@@ -48,8 +49,8 @@ class Batch:
 
 
 def drafts(store=None, **kw) -> TreeDrafts:
-    table = Table(None, None, [EOS], adaptive=False, shared=False, fingerprint=FP)
-    return TreeDrafts(table, budget=4, max_model_len=WIDTH - 4, store=store, **kw)
+    settings = ProposerSettings(None, None, [EOS], adaptive=False, shared=False, fingerprint=FP)
+    return TreeDrafts(settings, budget=4, max_model_len=WIDTH - 4, cache=TreeCache(store) if store is not None else None, **kw)
 
 
 def stored(path: Path) -> dict[str, list[tuple[int, ...]]]:
@@ -187,10 +188,10 @@ def test_the_worker_fingerprints_the_tokenizer_as_srt_rollout_does(tmp_path):
     facts = facts_of(load_worker_tokenizer(str(_tokenizer_dir(tmp_path))), [2], "cuda")
     assert facts.fingerprint == tokenizer_fingerprint(tok)
     assert facts.eos_ids == sorted({tok.eos_token_id, 2})
-    t = completed(Table(), facts)
+    t = completed(ProposerSettings(), facts)
     assert (t.fingerprint, t.eos_ids, t.adaptive) == (facts.fingerprint, facts.eos_ids, False)
-    assert completed(Table(), ModelFacts("fp", [2], "cpu")).adaptive is True  # as srt rollout's default
-    assert completed(Table(eos_ids=[9], adaptive=False), ModelFacts("fp", [2], "cpu")).eos_ids == [9]
+    assert completed(ProposerSettings(), ModelFacts("fp", [2], "cpu")).adaptive is True  # as srt rollout's default
+    assert completed(ProposerSettings(eos_ids=[9], adaptive=False), ModelFacts("fp", [2], "cpu")).eos_ids == [9]
 
 
 def test_commit_settings_come_from_the_environment(monkeypatch):
