@@ -8,7 +8,8 @@ from __future__ import annotations
 
 
 class CacheError(Exception):
-    """Something about a cache directory the user can fix (message names the path)."""
+    """Something about a cache the user can fix (message names its directory, or its URL with
+    the password masked)."""
 
 
 class NotACacheError(CacheError):
@@ -37,3 +38,13 @@ class CorruptRecord(ValueError):
 
 class CorruptTreeWarning(UserWarning):
     """A tree record was skipped because it is corrupt (drafting goes on without it)."""
+
+
+class CacheUnavailable(CacheError):
+    """The cache server cannot be reached, or the connection to it was lost (message: the URL,
+    password masked, and the reason)."""
+
+
+class NetworkFilesystemError(CacheError):
+    """An LMDB cache was asked for on a network or FUSE filesystem, where LMDB's locking and
+    memory map are not safe; a cache server (a `redis://` URL) is the way to share one."""

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import lmdb
 
 from cache_store.errors import CacheBusyError, CacheError, FormatVersionError, NotACacheError, OldFormatError
+from cache_store.fs_check import check_local
 
 FORMAT_NAME = b"srt-seqcache"
 OLD_FORMAT_NAME = b"srt-cache"  # the tree cache of earlier srt versions
@@ -213,6 +214,7 @@ def open_seq_env(path: Path, create: bool, readonly: bool, half_life: float, flo
         _registry.pop(key)
         h.env.close()
         _close_lock(h.lock_fd)
+    check_local(path)  # no LMDB on a network filesystem: refused before anything is created
     fresh = _check_target(path, create, readonly)
     env, lock_fd = _open_locked(path, readonly, fresh)
     try:

@@ -10,18 +10,23 @@ Criteria combine, applied in this order (each sees what the previous ones left):
 4. `max_prompts` / `max_bytes`: LRU over prompts by their last write time: whole prompts go,
    least recently written first, until at most N prompts / N bytes of records remain.
 
-`plan` only reads (that is `--dry-run`); `apply` plans again inside the write transaction
-that deletes, so an append committed after a dry run is judged by the same rules, never lost
-half-way. Only record headers and checksums are read: nothing is decompressed. A prompt left
-without sequences loses its meta record. The data file does not shrink until compacted
-(LMDB reuses the freed pages for later appends).
+The rules are one function for every backend: `plan` takes each prompt's last write time and
+records (key, bytes) from whatever scanned them and returns the plan, the keys of the records
+it deletes and what each prompt keeps. Only record headers and checksums are read: nothing is
+decompressed. Each backend scans and deletes in its own way: LMDB's (`lmdb_prompts`, `apply`)
+plans again inside the write transaction that deletes, so an append committed after a dry run
+is judged by the same rules, never lost half-way; a cache server's (cache_store.redis_store)
+deletes exactly the planned records by number, so appends made meanwhile stay. A prompt left
+without sequences loses its meta record. LMDB's data file does not shrink until compacted (it
+reuses the freed pages for later appends).
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterable, Iterator, Mapping
 
 import lmdb
 
@@ -64,7 +69,7 @@ class PrunePlan:
 
 
 @dataclass
-class _Prompt:
+class PromptPlan:
     """One prompt during planning: its last write and the records that stay so far."""
 
     wall: float
@@ -72,39 +77,35 @@ class _Prompt:
     had: int = 0
 
 
-def _scan(env: SeqEnv, txn: lmdb.Transaction, crit: PruneCriteria, plan: PrunePlan,
-          doomed: list[bytes]) -> dict[bytes, _Prompt]:
+# (uid, last write time, its records as (key, record bytes)), as a backend scans them
+ScannedPrompt = tuple[str, float, Iterable[tuple[bytes, Any]]]
+
+
+def _scan(prompts: Iterable[ScannedPrompt], info: Mapping[str, float], crit: PruneCriteria, plan: PrunePlan,
+          doomed: list[bytes]) -> dict[str, PromptPlan]:
     """Steps 1 and 3 per record; every prompt with what it keeps."""
-    info = env.get_info(txn)
     now, hl = int(info["tick"]), info["half_life"]
     bar = max(info["floor"] if crit.floor is None else crit.floor, crit.min_count or 0.0)
-    prompts: dict[bytes, _Prompt] = {}
-    for key, value in txn.cursor(db=env.dbs["seqs"]):
-        uid = bytes(key[:-4])
-        p = prompts.get(uid)
-        if p is None:
-            p = prompts[uid] = _Prompt(wall=_last_write(txn, env, uid))
-        p.had += 1
-        try:
-            head = seqrecord.check(value)
-        except CorruptRecord:
-            if crit.drop_corrupt:
-                _remove(plan, doomed, bytes(key), 0, len(value))
-                plan.corrupt += 1
+    out: dict[str, PromptPlan] = {}
+    for uid, wall, records in prompts:
+        p = out[uid] = PromptPlan(wall=wall)
+        for key, value in records:
+            p.had += 1
+            try:
+                head = seqrecord.check(value)
+            except CorruptRecord:
+                if crit.drop_corrupt:
+                    _remove(plan, doomed, bytes(key), 0, len(value))
+                    plan.corrupt += 1
+                else:
+                    p.keep.append((bytes(key), 0, len(value)))
+                continue
+            if head.weight * decay_factor(now, head.tick, hl) < bar:
+                _remove(plan, doomed, bytes(key), head.tokens, len(value))
+                plan.light += 1
             else:
-                p.keep.append((bytes(key), 0, len(value)))
-            continue
-        if head.weight * decay_factor(now, head.tick, hl) < bar:
-            _remove(plan, doomed, bytes(key), head.tokens, len(value))
-            plan.light += 1
-        else:
-            p.keep.append((bytes(key), head.tokens, len(value)))
-    return prompts
-
-
-def _last_write(txn: lmdb.Transaction, env: SeqEnv, uid: bytes) -> float:
-    raw = txn.get(uid, db=env.dbs["meta"])
-    return META.unpack(raw)[3] if raw is not None and len(raw) == META.size else 0.0
+                p.keep.append((bytes(key), head.tokens, len(value)))
+    return out
 
 
 def _remove(plan: PrunePlan, doomed: list[bytes], key: bytes, tokens: int, nbytes: int) -> None:
@@ -112,19 +113,19 @@ def _remove(plan: PrunePlan, doomed: list[bytes], key: bytes, tokens: int, nbyte
     plan.sequences, plan.tokens, plan.bytes = plan.sequences + 1, plan.tokens + tokens, plan.bytes + nbytes
 
 
-def _drop_prompt(plan: PrunePlan, doomed: list[bytes], p: _Prompt) -> None:
+def _drop_prompt(plan: PrunePlan, doomed: list[bytes], p: PromptPlan) -> None:
     for key, tokens, nbytes in p.keep:
         _remove(plan, doomed, key, tokens, nbytes)
     p.keep = []
 
 
-def _select(prompts: dict[bytes, _Prompt], crit: PruneCriteria, plan: PrunePlan,
+def _select(prompts: dict[str, PromptPlan], crit: PruneCriteria, plan: PrunePlan,
             doomed: list[bytes], wall_now: float) -> None:
     """Steps 2 and 4: whole prompts by age, then LRU to the budgets."""
     live = []
     for uid, p in prompts.items():
         if crit.older_than is not None and p.keep and p.wall < wall_now - crit.older_than:
-            plan.old.append(uid.decode())
+            plan.old.append(uid)
             _drop_prompt(plan, doomed, p)
         elif p.keep:
             live.append((p.wall, uid, p))
@@ -136,37 +137,52 @@ def _select(prompts: dict[bytes, _Prompt], crit: PruneCriteria, plan: PrunePlan,
             break
         total -= sum(b for *_, b in p.keep)
         count -= 1
-        plan.lru.append(uid.decode())
+        plan.lru.append(uid)
         _drop_prompt(plan, doomed, p)
     plan.prompts = sum(1 for p in prompts.values() if p.had and not p.keep)
     plan.prompts_after, plan.bytes_after = count, total
     plan.sequences_after = sum(len(p.keep) for p in prompts.values())
 
 
-def plan(env: SeqEnv, txn: lmdb.Transaction, crit: PruneCriteria,
-         wall_now: float | None = None) -> tuple[PrunePlan, list[bytes], dict[bytes, _Prompt]]:
-    """(the plan, the record keys it deletes, every prompt with what stays); reads only."""
+def plan(prompts: Iterable[ScannedPrompt], info: Mapping[str, float], crit: PruneCriteria,
+         wall_now: float | None = None) -> tuple[PrunePlan, list[bytes], dict[str, PromptPlan]]:
+    """(the plan, the record keys it deletes, every prompt with what stays) for the scanned
+    prompts (`info`: the store's tick, half_life and floor); reads only."""
     out, doomed = PrunePlan(), []
-    prompts = _scan(env, txn, crit, out, doomed)
-    _select(prompts, crit, out, doomed, time.time() if wall_now is None else wall_now)
-    return out, doomed, prompts
+    scanned = _scan(prompts, info, crit, out, doomed)
+    _select(scanned, crit, out, doomed, time.time() if wall_now is None else wall_now)
+    return out, doomed, scanned
+
+
+# -- LMDB's scan and delete -------------------------------------------------------------------
+
+def lmdb_prompts(env: SeqEnv, txn: lmdb.Transaction) -> Iterator[ScannedPrompt]:
+    """Every prompt's records in one cursor pass (they are adjacent, keyed uid + number)."""
+    cursor = txn.cursor(db=env.dbs["seqs"])
+    for uid, records in itertools.groupby(cursor, key=lambda kv: bytes(kv[0][:-4])):
+        yield uid.decode(), _last_write(txn, env, uid), records
+
+
+def _last_write(txn: lmdb.Transaction, env: SeqEnv, uid: bytes) -> float:
+    raw = txn.get(uid, db=env.dbs["meta"])
+    return META.unpack(raw)[3] if raw is not None and len(raw) == META.size else 0.0
 
 
 def apply(env: SeqEnv, txn: lmdb.Transaction, crit: PruneCriteria,
           wall_now: float | None = None) -> PrunePlan:
     """Plan inside the write transaction `txn`, then delete and fix the meta records."""
-    out, doomed, prompts = plan(env, txn, crit, wall_now)
+    out, doomed, prompts = plan(lmdb_prompts(env, txn), env.get_info(txn), crit, wall_now)
     delete(env, txn, doomed, prompts)
     return out
 
 
-def delete(env: SeqEnv, txn: lmdb.Transaction, doomed: list[bytes], prompts: dict[bytes, _Prompt]) -> None:
+def delete(env: SeqEnv, txn: lmdb.Transaction, doomed: list[bytes], prompts: dict[str, PromptPlan]) -> None:
     """Delete the planned records and rewrite (or delete) the meta records of their prompts;
     only sound in the transaction that planned them (else appends since would be miscounted)."""
     for key in doomed:
         txn.delete(key, db=env.dbs["seqs"])
     for uid in {k[:-4] for k in doomed}:
-        p = prompts[uid]
+        p = prompts[uid.decode()]
         if not p.keep:
             txn.delete(uid, db=env.dbs["meta"])
             continue

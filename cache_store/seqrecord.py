@@ -138,6 +138,21 @@ def check(value: bytes | memoryview) -> SeqHeader:
     return SeqHeader(tick=tick, weight=weight, tokens=n, disk_bytes=len(value), codec=codec)
 
 
+def peek(value: bytes | memoryview) -> SeqHeader | None:
+    """What a record's header says, its checksum not verified (None if too short to hold a
+    header): the token count a store keeps beside a record it copies as it is, corrupt or not."""
+    if len(value) < HEADER_BYTES:
+        return None
+    _magic, _version, codec, _res, tick, weight, n = _HEAD.unpack_from(value)
+    return SeqHeader(tick=tick, weight=weight, tokens=n, disk_bytes=len(value), codec=codec)
+
+
+def peek_tokens(value: bytes | memoryview) -> int:
+    """`peek`'s token count (0 without a header)."""
+    head = peek(value)
+    return 0 if head is None else head.tokens
+
+
 def decode(value: bytes | memoryview) -> tuple[SeqHeader, np.ndarray]:
     """(header, int32 tokens) of a record; raises CorruptRecord."""
     head, tokens, _ = decode_with_probs(value)

@@ -6,6 +6,10 @@ when loaded" is an estimate: the largest prompt is loaded (its tree built from t
 above the floor) and its `SuffixTree.memory_bytes()` per stored token is multiplied by the
 tokens of the whole store. One prompt's tree is a fair sample because the suffix tree's size
 is nearly linear in tokens (about 1.6 nodes a token), and loading only one keeps stats cheap.
+
+The summing is shared by the backends (`Summary`: feed it each prompt's meta figures and, when
+verifying, its records); LMDB's `collect` reads them in one snapshot, a cache server's store
+(cache_store.redis_store) in pipelined batches.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import heapq
 import os
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import lmdb
 
@@ -44,8 +48,10 @@ class SeqStoreStats:
     sequences: int = 0
     tokens: int = 0
     record_bytes: int = 0       # stored sequence records (compressed)
-    disk_bytes: int = 0         # the data file (never shrinks until compacted)
-    used_bytes: int = 0         # LMDB pages in use
+    disk_bytes: int = 0         # LMDB: the data file (never shrinks until compacted); a cache
+                                # server: the server memory its keys take (MEMORY USAGE), or the
+                                # record bytes where the server refuses MEMORY
+    used_bytes: int = 0         # LMDB: pages in use; a cache server: as disk_bytes
     tick: int = 0
     half_life: float = 0.0
     floor: float = 0.0
@@ -61,28 +67,40 @@ class SeqStoreStats:
         return asdict(self)
 
 
-def _add_meta(st: SeqStoreStats, largest: list, top: int, uid: str, raw: bytes) -> None:
-    _n, seqs, toks, wall, nbytes = META.unpack(raw)
-    st.prompts += 1
-    st.sequences, st.tokens, st.record_bytes = st.sequences + seqs, st.tokens + toks, st.record_bytes + nbytes
-    st.oldest_write = wall if st.oldest_write is None else min(st.oldest_write, wall)
-    st.newest_write = wall if st.newest_write is None else max(st.newest_write, wall)
-    item = (nbytes, uid, PromptSummary(uid, seqs, toks, nbytes, wall))
-    if len(largest) < top:
-        heapq.heappush(largest, item)
-    elif top:
-        heapq.heappushpop(largest, item)
+class Summary:
+    """Sums prompts' meta figures and checks their records into a SeqStoreStats."""
 
+    def __init__(self, st: SeqStoreStats, verify: bool, top: int) -> None:
+        self.st, self.verify, self.top, self.largest = st, verify, top, []
 
-def _verify(st: SeqStoreStats, env: SeqEnv, txn: lmdb.Transaction) -> None:
-    for key, value in txn.cursor(db=env.dbs["seqs"]):
-        try:
-            seqrecord.check(value)
-        except CorruptRecord:
-            st.corrupt += 1
-            uid = bytes(key[:-4]).decode(errors="replace")
-            if len(st.corrupt_uids) < MAX_CORRUPT_UIDS and uid not in st.corrupt_uids:
-                st.corrupt_uids.append(uid)
+    def add_meta(self, uid: str, seqs: int, toks: int, wall: float, nbytes: int) -> None:
+        st = self.st
+        st.prompts += 1
+        st.sequences, st.tokens, st.record_bytes = st.sequences + seqs, st.tokens + toks, st.record_bytes + nbytes
+        st.oldest_write = wall if st.oldest_write is None else min(st.oldest_write, wall)
+        st.newest_write = wall if st.newest_write is None else max(st.newest_write, wall)
+        item = (nbytes, uid, PromptSummary(uid, seqs, toks, nbytes, wall))
+        if len(self.largest) < self.top:
+            heapq.heappush(self.largest, item)
+        elif self.top:
+            heapq.heappushpop(self.largest, item)
+
+    def add_records(self, records: Iterable[tuple[bytes, Any]]) -> None:
+        """Count the corrupt ones among records (key = uid + number, record bytes)."""
+        st = self.st
+        for key, value in records:
+            try:
+                seqrecord.check(value)
+            except CorruptRecord:
+                st.corrupt += 1
+                uid = bytes(key[:-4]).decode(errors="replace")
+                if len(st.corrupt_uids) < MAX_CORRUPT_UIDS and uid not in st.corrupt_uids:
+                    st.corrupt_uids.append(uid)
+
+    def done(self) -> SeqStoreStats:
+        self.st.largest = [s for *_, s in sorted(self.largest, reverse=True)]
+        self.st.corrupt = self.st.corrupt if self.verify else None
+        return self.st
 
 
 def _used_bytes(env: SeqEnv, txn: lmdb.Transaction) -> int:
@@ -91,25 +109,22 @@ def _used_bytes(env: SeqEnv, txn: lmdb.Transaction) -> int:
 
 
 def collect(env: SeqEnv, verify: bool, top: int) -> SeqStoreStats:
-    """One read snapshot summarised (without the memory estimate)."""
-    st = SeqStoreStats(path=str(env.path))
-    largest: list = []
+    """One LMDB read snapshot summarised (without the memory estimate)."""
+    sm = Summary(SeqStoreStats(path=str(env.path)), verify, top)
 
     def fn(txn: lmdb.Transaction) -> None:
         info = env.get_info(txn)
-        st.tick, st.half_life, st.floor = int(info["tick"]), info["half_life"], info["floor"]
+        sm.st.tick, sm.st.half_life, sm.st.floor = int(info["tick"]), info["half_life"], info["floor"]
         for key, raw in txn.cursor(db=env.dbs["meta"]):
             if len(raw) == META.size:
-                _add_meta(st, largest, top, bytes(key).decode(), bytes(raw))
+                sm.add_meta(bytes(key).decode(), *META.unpack(raw)[1:])
         if verify:
-            _verify(st, env, txn)
-        st.used_bytes = _used_bytes(env, txn)
+            sm.add_records(txn.cursor(db=env.dbs["seqs"]))
+        sm.st.used_bytes = _used_bytes(env, txn)
 
     env.read(fn, buffers=True)
-    st.largest = [s for *_, s in sorted(largest, reverse=True)]
-    st.corrupt = st.corrupt if verify else None
-    st.disk_bytes = os.path.getsize(env.path / "data.mdb")
-    return st
+    sm.st.disk_bytes = os.path.getsize(env.path / "data.mdb")
+    return sm.done()
 
 
 def estimate_memory(st: SeqStoreStats, loaded_bytes: Callable[[str], tuple[int, int]]) -> None:

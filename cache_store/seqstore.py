@@ -16,19 +16,24 @@ sequence: a record written at tick s with weight w weighs w * 0.5 ** ((now - s) 
 at tick now; a sequence whose weight is below the floor is left out of loads and removed by
 `prune`. The maintenance operations behind `srt cache` (prune with every criterion and a dry
 run, stats, compact, export, import) live in seqprune, seqstats and seqtransfer; this class is
-their one entry point. `SequenceStore` is the narrow interface the tree and the drafters use, so a networked
-store can stand in for LMDB later.
+their one entry point. `SequenceStore` is the narrow interface the tree and the drafters use.
+
+A second backend, `RedisSequenceStore` (cache_store.redis_store), keeps the same records on a
+server every machine shares. What both do alike lives here once: `select_sequences` (the read's
+rule: decay, the floor, corrupt records, the newest-first bounds) and `StoreBase` (checking a
+batch before it is written, warnings, stats' memory estimate).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 import sys
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import lmdb
 
@@ -36,13 +41,14 @@ from cache_store import seqrecord
 from cache_store.clock import DEFAULT_FLOOR, DEFAULT_HALF_LIFE, check_settings, decay_factor
 from cache_store import seqprune, seqstats, seqtransfer
 from cache_store.errors import CacheError, CorruptRecord, CorruptTreeWarning
-from cache_store.seqenv import SeqEnv, open_seq_env, record_key
+from cache_store.seqenv import META, SeqEnv, open_seq_env, record_key
 from cache_store.seqprune import PruneCriteria, PrunePlan
 from cache_store.seqstats import PromptSummary, SeqStoreStats
 from cache_store.seqtransfer import ImportReport
 
 __all__ = ["LOAD_NEWEST", "LOAD_TOKENS", "ImportReport", "LmdbSequenceStore", "PromptSummary", "PruneCriteria",
-           "PrunePlan", "SeqStoreStats", "SequenceStore", "StoredSequence", "load_tree"]
+           "PrunePlan", "SeqStoreStats", "SequenceStore", "StoreBase", "StoredSequence", "check_uid", "load_tree",
+           "select_sequences"]
 from cache_store.suffix_tree import SuffixTree
 from cache_store.uid import is_uid
 
@@ -51,6 +57,7 @@ from cache_store.uid import is_uid
 # newest sequences; the older ones stay in the store until decay or `srt cache prune` removes them.
 LOAD_NEWEST = 1 << 17  # sequences a load keeps at most (a suffix tree holds 524,287)
 LOAD_TOKENS = 1 << 17  # tokens a load keeps at most (`srt rollout --load-tokens`): 16 x 8,192 tokens
+SERVER_SCHEMES = ("redis://", "rediss://")  # a cache server's URL (cache_store.redis_store), not a directory
 
 @dataclass(frozen=True)
 class StoredSequence:
@@ -76,6 +83,120 @@ class SequenceStore(Protocol):
     def tick(self, n: int = 1) -> int: ...
 
 
+def select_sequences(records: Iterable[tuple[bytes, Any]], info: Mapping[str, float],
+                     newest: int | None = None, tokens: int | None = None,
+                     warn: Callable[[bytes, Exception], None] | None = None) -> tuple[list[StoredSequence], bool]:
+    """The read's rule, shared by every backend: (the sequences kept, oldest first; whether a
+    bound ended the walk).
+
+    `records` are a prompt's (key, record bytes), in append order for a whole read, newest
+    first for a bounded one (`newest` and/or `tokens` given). Weights are decayed to the tick in
+    `info` (with its half_life); a sequence below the floor is left out; a corrupt record is
+    passed to `warn` and skipped. A bounded walk keeps the newest sequences, at most `newest`
+    of them and `tokens` tokens in all (the newest one whatever its length), and stops at the
+    first that does not fit, having checked only that one's header and checksum. False for the
+    second value means the walk ran out of records: a backend that fetched only some of them
+    fetches more and walks again."""
+    out: list[StoredSequence] = []
+    bounded = newest is not None or tokens is not None
+    newest = sys.maxsize if newest is None else newest
+    tokens = sys.maxsize if tokens is None else tokens
+    now, hl, floor, total = int(info["tick"]), info["half_life"], info["floor"], 0
+    stopped = False
+    for key, value in records:
+        if len(out) >= newest:
+            stopped = True
+            break
+        try:
+            head = seqrecord.check(value)
+            w = head.weight * decay_factor(now, head.tick, hl)
+            if not (w >= floor and w > 0):
+                continue
+            if out and total + head.tokens > tokens:
+                stopped = True
+                break
+            _, toks, probs = seqrecord.decode_with_probs(value, head)
+        except CorruptRecord as e:
+            if warn is not None:
+                warn(bytes(key), e)
+            continue
+        total += head.tokens
+        out.append(StoredSequence(toks, head.tick, w, probs))
+    return (out[::-1] if bounded else out), stopped or len(out) >= newest
+
+
+class StoreBase:
+    """What every backend's store shares: checking a batch before it is written, the clock's
+    reading, corrupt-record warnings (once per record), stats' memory estimate, and closing
+    as a context manager. A backend provides `path`, `readonly`, `info`, `read`, `close`."""
+
+    path: Any
+    readonly: bool
+
+    def __init__(self) -> None:
+        self._warned: set[bytes] = set()
+
+    def info(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    def read(self, uid: str, newest: int | None = None, tokens: int | None = None) -> list[StoredSequence]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def now(self) -> int:
+        return int(self.info()["tick"])
+
+    def append(self, uid: str, sequences: Iterable[Sequence[int]]) -> None:
+        """`append_many` for one prompt."""
+        self.append_many({uid: sequences})
+
+    def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]],
+                    probs: Mapping[str, Sequence[Any]] | None = None) -> None:
+        raise NotImplementedError
+
+    def _prepared(self, batch: Mapping[str, Iterable[Sequence[int]]],
+                  probs: Mapping[str, Sequence[Any]] | None) -> dict[str, list[tuple]]:
+        """Each prompt's non-empty sequences as (int32 tokens, probability bytes or None);
+        ValueError (before anything is written) for a bad uid, token id or probability."""
+        self._writable()
+        return {check_uid(uid): _with_probs(seqs, (probs or {}).get(uid)) for uid, seqs in batch.items()}
+
+    def _warn(self, key: bytes, e: Exception) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            uid, n = key[:-4].decode(errors="replace"), struct.unpack(">I", key[-4:])[0]
+            warnings.warn(f"{self.path}: sequence {n} of {uid} is corrupt ({e}); skipped "
+                          "(`srt cache prune --drop-corrupt` removes it)", CorruptTreeWarning, stacklevel=4)
+
+    def _with_memory(self, st: SeqStoreStats, top: int) -> SeqStoreStats:
+        """The loaded-memory estimate (from loading the largest prompt), the `top` largest kept."""
+        seqstats.estimate_memory(st, self._loaded_bytes)
+        st.largest = st.largest[:top]
+        return st
+
+    def _loaded_bytes(self, uid: str) -> tuple[int, int]:
+        """(memory, tokens) of one loaded tree; silent, so a later read still warns of a
+        corrupt record it skips (stats counts those anyway)."""
+        warned = set(self._warned)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CorruptTreeWarning)
+            tree = load_tree(self, uid)
+        self._warned = warned
+        return tree.memory_bytes(), tree.stats().tokens
+
+    def _writable(self) -> None:
+        if self.readonly:
+            raise CacheError(f"{self.path}: opened read-only")
+
+    def __enter__(self) -> StoreBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _with_probs(seqs: Iterable[Sequence[int]], probs: Sequence[Any] | None) -> list[tuple]:
     """(int32 tokens, probability bytes from `seqrecord.as_probs` or None) of each non-empty
     sequence."""
@@ -90,27 +211,29 @@ def _key(uid: str, n: int) -> bytes:
     return record_key(uid.encode(), n)
 
 
-def _check_uid(uid: str) -> str:
-    """Keys are the uid then a record number, so uids must all have one length: 32 hex digits."""
+def check_uid(uid: str) -> str:
+    """`uid`, or ValueError: keys are the uid then a record number, so uids must all have one
+    length, 32 hex digits."""
     if not (isinstance(uid, str) and is_uid(uid)):
         raise ValueError(f"not a prompt uid (32 lowercase hex digits): {uid!r}")
     return uid
 
 
-class LmdbSequenceStore:
+class LmdbSequenceStore(StoreBase):
     """A sequence store in one LMDB environment (see the module docstring)."""
 
     def __init__(self, env: SeqEnv) -> None:
+        super().__init__()
         self._e = env
-        self._warned: set[bytes] = set()
 
     @classmethod
     def open(cls, path: str | Path, create: bool = True, readonly: bool = False,
-             half_life: float = DEFAULT_HALF_LIFE, floor: float = DEFAULT_FLOOR) -> "LmdbSequenceStore":
+             half_life: float = DEFAULT_HALF_LIFE, floor: float = DEFAULT_FLOOR) -> LmdbSequenceStore:
         """Open (or create) the store at `path`; half_life/floor apply only when creating it.
 
         Raises NotACacheError for anything that is not an srt cache (left untouched),
-        OldFormatError for srt's earlier tree-format cache, FormatVersionError for a newer one.
+        OldFormatError for srt's earlier tree-format cache, FormatVersionError for a newer one,
+        NetworkFilesystemError on a network or FUSE filesystem.
         """
         check_settings(half_life, floor)
         return cls(open_seq_env(Path(path), create, readonly, half_life, floor))
@@ -119,11 +242,12 @@ class LmdbSequenceStore:
     def path(self) -> Path:
         return self._e.path
 
+    @property
+    def readonly(self) -> bool:
+        return self._e.readonly
+
     def info(self) -> dict[str, float]:
         return self._e.read(self._e.get_info)
-
-    def now(self) -> int:
-        return int(self.info()["tick"])
 
     def tick(self, n: int = 1) -> int:
         """Advance the logical clock by `n` (once per rollout batch); the new tick."""
@@ -139,10 +263,6 @@ class LmdbSequenceStore:
 
     # -- writing -------------------------------------------------------------------------
 
-    def append(self, uid: str, sequences: Iterable[Sequence[int]]) -> None:
-        """`append_many` for one prompt."""
-        self.append_many({uid: sequences})
-
     def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]],
                     probs: Mapping[str, Sequence[Any]] | None = None) -> None:
         """Store new rollouts (weight 1, stamped now) for each prompt, in one transaction;
@@ -154,8 +274,7 @@ class LmdbSequenceStore:
         sequences are skipped. ValueError (nothing written) for a token id out of range or a
         probability outside [0, 1].
         """
-        self._writable()
-        arrays = {_check_uid(uid): _with_probs(seqs, (probs or {}).get(uid)) for uid, seqs in batch.items()}
+        arrays = self._prepared(batch, probs)
         now = self.now()
         encoded = {uid: [seqrecord.encode(a, now, 1.0, p) for a, p in arr] for uid, arr in arrays.items()}
 
@@ -169,13 +288,35 @@ class LmdbSequenceStore:
 
         self._e.write(fn)
 
-    def _put(self, txn: lmdb.Transaction, uid: str, recs: list[bytes], tokens: int) -> None:
+    def append_raw(self, batch: Mapping[str, Sequence[bytes]], walls: Mapping[str, float] | None = None) -> None:
+        """Append records as they are (a copy or an import, cache_store.seqtransfer) in one
+        transaction; `walls[uid]`, if given, is the prompt's last write time to keep."""
+        self._writable()
+        self._e.write(lambda txn: [self._put(txn, check_uid(uid), list(recs), sum(map(seqrecord.peek_tokens, recs)),
+                                             (walls or {}).get(uid)) for uid, recs in batch.items() if recs])
+
+    def _put(self, txn: lmdb.Transaction, uid: str, recs: list[bytes], tokens: int, wall: float | None = None) -> None:
         nxt, seqs, toks, _wall, nbytes = self._e.get_meta(txn, uid.encode())
         for i, rec in enumerate(recs):
             if not txn.put(_key(uid, nxt + i), rec, db=self._e.dbs["seqs"], overwrite=False):
                 raise CacheError(f"{self.path}: record {nxt + i} of {uid} already exists (meta out of step)")
-        meta = (nxt + len(recs), seqs + len(recs), toks + tokens, time.time(), nbytes + sum(map(len, recs)))
+        meta = (nxt + len(recs), seqs + len(recs), toks + tokens, time.time() if wall is None else wall,
+                nbytes + sum(map(len, recs)))
         self._e.put_meta(txn, uid.encode(), meta)
+
+    def adopt_header(self, info: Mapping[str, float]) -> None:
+        """Take another store's clock, settings and creation time (the start of a copy into
+        this one); CacheError unless this store is empty."""
+        self._writable()
+
+        def fn(txn: lmdb.Transaction) -> None:
+            if txn.stat(self._e.dbs["seqs"])["entries"]:
+                raise CacheError(f"{self.path}: not empty; a copy goes into an empty cache (import merges)")
+            for k, f in ((b"half_life", "<d"), (b"floor", "<d"), (b"created", "<d")):
+                txn.put(k, struct.pack(f, info[k.decode()]), db=self._e.dbs["info"])
+            self._e.set_tick(txn, int(info["tick"]))
+
+        self._e.write(fn)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -186,45 +327,24 @@ class LmdbSequenceStore:
         With `newest` and/or `tokens`: only the newest of those sequences, at most `newest` of
         them and `tokens` tokens in all (the newest one whatever its length). The records are
         then walked newest first and the walk stops at the bound, and headers carry the token
-        counts, so the read costs what it keeps, not all that the prompt has stored."""
-        _check_uid(uid)
-        out: list[StoredSequence] = []
+        counts, so the read costs what it keeps, not all that the prompt has stored
+        (`select_sequences`)."""
+        check_uid(uid)
         bounded = newest is not None or tokens is not None
-        newest = sys.maxsize if newest is None else newest
-        tokens = sys.maxsize if tokens is None else tokens
 
-        def fn(txn: lmdb.Transaction) -> None:
-            info = self._e.get_info(txn)
-            now, hl, floor, total = int(info["tick"]), info["half_life"], info["floor"], 0
-            for key, value in self._e.records(txn, uid.encode(), newest_first=bounded):
-                if len(out) >= newest:
-                    return
-                try:
-                    head = seqrecord.check(value)
-                    w = head.weight * decay_factor(now, head.tick, hl)
-                    if not (w >= floor and w > 0):
-                        continue
-                    if out and total + head.tokens > tokens:
-                        return
-                    _, toks, probs = seqrecord.decode_with_probs(value, head)
-                except CorruptRecord as e:
-                    self._warn(key, e)
-                    continue
-                total += head.tokens
-                out.append(StoredSequence(toks, head.tick, w, probs))
+        def fn(txn: lmdb.Transaction) -> list[StoredSequence]:
+            records = self._e.records(txn, uid.encode(), newest_first=bounded)
+            return select_sequences(records, self._e.get_info(txn), newest, tokens, self._warn)[0]
 
-        self._e.read(fn, buffers=True)
-        return out[::-1] if bounded else out
-
-    def _warn(self, key: bytes, e: Exception) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            uid, n = key[:-4].decode(errors="replace"), struct.unpack(">I", key[-4:])[0]
-            warnings.warn(f"{self.path}: sequence {n} of {uid} is corrupt ({e}); skipped "
-                          "(`srt cache prune --drop-corrupt` removes it)", CorruptTreeWarning, stacklevel=4)
+        return self._e.read(fn, buffers=True)
 
     def uids(self) -> list[str]:
         return self._e.read(lambda txn: [bytes(k).decode() for k in txn.cursor(db=self._e.dbs["meta"]).iternext(values=False)])
+
+    def last_writes(self) -> dict[str, float]:
+        """Each prompt's last write time (unix seconds)."""
+        metas = self._e.read(lambda txn: [(bytes(k), bytes(v)) for k, v in txn.cursor(db=self._e.dbs["meta"])])
+        return {k.decode(): META.unpack(v)[3] for k, v in metas if len(v) == META.size}
 
     def raw_records(self, uid: str) -> list[tuple[bytes, bytes]]:
         """(key, record bytes) of a prompt's records (for tools and tests)."""
@@ -241,7 +361,8 @@ class LmdbSequenceStore:
         floor) in one write transaction, or with `dry_run` report it and change nothing."""
         crit = criteria or PruneCriteria()
         if dry_run:
-            return self._e.read(lambda txn: seqprune.plan(self._e, txn, crit)[0])
+            return self._e.read(lambda txn: seqprune.plan(seqprune.lmdb_prompts(self._e, txn),
+                                                          self._e.get_info(txn), crit)[0])
         self._writable()
         return self._e.write(lambda txn: seqprune.apply(self._e, txn, crit))
 
@@ -249,20 +370,7 @@ class LmdbSequenceStore:
         """What `srt cache stats` reports (seqstats): counts from the meta records, with
         `verify` every record's CRC (corrupt None without), the `top` largest prompts, and
         the loaded-memory estimate from loading the largest prompt."""
-        st = seqstats.collect(self._e, verify, max(top, 1))
-        seqstats.estimate_memory(st, self._loaded_bytes)
-        st.largest = st.largest[:top]
-        return st
-
-    def _loaded_bytes(self, uid: str) -> tuple[int, int]:
-        """(memory, tokens) of one loaded tree; silent, so a later read still warns of a
-        corrupt record it skips (stats counts those anyway)."""
-        warned = set(self._warned)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CorruptTreeWarning)
-            tree = load_tree(self, uid)
-        self._warned = warned
-        return tree.memory_bytes(), tree.stats().tokens
+        return self._with_memory(seqstats.collect(self._e, verify, max(top, 1)), top)
 
     def compact(self) -> tuple[int, int]:
         """Shrink the data file (seqtransfer.compact): (bytes before, after); CacheBusyError
@@ -275,29 +383,38 @@ class LmdbSequenceStore:
         self._writable()
         seqtransfer.check_compactable(self._e)
 
-    def export(self, dst: str | Path) -> int:
-        """A compacted, portable copy in the new or empty directory `dst`; its data file's
-        size. CacheError (nothing written) if `dst` exists and is not an empty directory."""
-        return seqtransfer.export(self._e, dst)
+    def export(self, dst: str | Path | StoreBase) -> int:
+        """A copy of this cache. `dst` a directory (new, or empty): a compacted, portable LMDB
+        copy; its data file's size (CacheError, nothing written, if it exists and is not an
+        empty directory). `dst` an open store of any backend, empty: every record as it is,
+        with the clock and settings (seqtransfer.copy_store); the record bytes copied."""
+        if isinstance(dst, (str, Path)):
+            return seqtransfer.export(self._e, _directory(dst))
+        return seqtransfer.copy_store(self, dst).bytes
 
-    def import_from(self, src_path: str | Path) -> ImportReport:
-        """Append every sequence of the store at `src_path` (keeping each one's age and weight,
-        seqtransfer) in one write transaction; OldFormatError for an old tree-format cache."""
+    def import_from(self, src: str | Path | StoreBase) -> ImportReport:
+        """Append every sequence of the store at `src` (a directory, or an open store of any
+        backend), each keeping its age and weight (seqtransfer.merge_store), in one write
+        transaction; OldFormatError for an old tree-format cache."""
         self._writable()
-        return seqtransfer.import_from(self._e, self._put, src_path)
-
-    def _writable(self) -> None:
-        if self._e.readonly:
-            raise CacheError(f"{self.path}: opened read-only")
+        if not isinstance(src, (str, Path)):
+            return seqtransfer.merge_store(src, self)
+        if os.path.realpath(_directory(src)) == os.path.realpath(self.path):
+            raise CacheError(f"{src}: cannot import a cache into itself")
+        with LmdbSequenceStore.open(src, create=False, readonly=True) as source:
+            return seqtransfer.merge_store(source, self)
 
     def close(self) -> None:
         self._e.release()
 
-    def __enter__(self) -> "LmdbSequenceStore":
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+def _directory(location: str | Path) -> str | Path:
+    """`location`, an LMDB directory; CacheError for a server URL, which the LMDB store does not
+    open itself (cache_store.redis_store imports this module): open it and pass the store."""
+    if isinstance(location, str) and location.startswith(SERVER_SCHEMES):
+        raise CacheError("a cache server's URL is not a directory: pass the server's open store "
+                         "(RedisSequenceStore.open(url)) instead")
+    return location
 
 
 def load_tree(store: SequenceStore, uid: str, max_depth: int = 64, newest: int = LOAD_NEWEST,

@@ -1,13 +1,18 @@
-"""Moving sequence stores around: compaction, export, import.
+"""Moving sequence stores around: compaction, export, import, between any two backends.
 
 - `compact`: LMDB never shrinks its file, so a compact copy is written beside it and swapped
   in with an atomic rename. Only safe with no other user: it takes `srt.lock` exclusively
   (every open holds it shared) and refuses (CacheBusyError) if anyone else has it. A crash
   leaves the old or the new file whole, plus a stray `.compact-*` folder that the next
   compaction removes.
-- `export`: a compacted copy (one consistent snapshot, safe while others write) in a new
-  directory; itself a sequence store, portable to hosts of the same byte order and word size.
-- `import_from`: appends every sequence of another store in one write transaction. Each
+- `export`: LMDB to LMDB, a compacted copy (one consistent snapshot, safe while others write)
+  in a new directory; itself a sequence store, portable to hosts of the same byte order and
+  word size.
+- `copy_store(src, dst)`: any backend into an empty store of any backend (LMDB <-> a cache
+  server, cache_store.redis_store): the header's clock, settings and creation time, then every
+  record byte for byte with each prompt's last write time. Only the store interface is used
+  (`RecordStore`), so LMDB -> server -> LMDB gives back the same records.
+- `merge_store(src, dst)` (`import`): appends every sequence of another store. Each
   record keeps its age (source now - written tick) and weight, so it decays on from where it
   was: written at the source's tick s with weight w, it lands at tick (now - (S - s)) with
   weight w when the half-lives agree and that tick is not negative; otherwise at tick now with
@@ -22,9 +27,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import lmdb
+from typing import Any, Mapping, Protocol, Sequence
 
 from cache_store import seqenv, seqrecord
 from cache_store.clock import decay_factor
@@ -84,19 +87,67 @@ def export(h: SeqEnv, dst: str | Path) -> int:
 
 @dataclass
 class ImportReport:
-    """What `import_from` appended and skipped."""
+    """What `merge_store` appended and skipped (or `copy_store` copied)."""
 
     prompts: int = 0     # prompts that received sequences
     sequences: int = 0
     tokens: int = 0
     below_floor: int = 0  # source sequences already below the source's floor
-    corrupt: int = 0      # source records that failed their checksum
+    corrupt: int = 0      # source records that failed their checksum (a copy takes them as they are)
+    bytes: int = 0        # record bytes written
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def add(self, recs: Sequence[bytes]) -> None:
+        self.prompts, self.sequences = self.prompts + 1, self.sequences + len(recs)
+        self.tokens += sum(map(seqrecord.peek_tokens, recs))
+        self.bytes += sum(map(len, recs))
 
-def _restamped(value: memoryview, src: dict, now: int, hl: float) -> bytes | None:
+
+class RecordStore(Protocol):
+    """What moving records between stores needs of a backend (LMDB's and a cache server's)."""
+
+    path: Any
+
+    def info(self) -> dict[str, float]: ...
+    def uids(self) -> list[str]: ...
+    def raw_records(self, uid: str) -> list[tuple[bytes, bytes]]: ...
+    def last_writes(self) -> dict[str, float]: ...
+    def append_raw(self, batch: Mapping[str, Sequence[bytes]], walls: Mapping[str, float] | None = None) -> None: ...
+    def adopt_header(self, info: Mapping[str, float]) -> None: ...
+
+
+COPY_PROMPTS = 256  # prompts read and written at a time: a copy holds only these in memory
+
+
+def copy_store(src: RecordStore, dst: RecordStore) -> ImportReport:
+    """Copy `src` into the empty store `dst`: its clock, settings and creation time, then each
+    prompt's records byte for byte, in order (corrupt ones too, counted), with its last write
+    time; record numbers are dense again in `dst`. CacheError if `dst` holds prompts."""
+    if dst.uids():
+        raise CacheError(f"{dst.path}: not empty; a copy goes into an empty cache (import merges)")
+    dst.adopt_header(src.info())
+    walls, uids, rep = src.last_writes(), src.uids(), ImportReport()
+    for i in range(0, len(uids), COPY_PROMPTS):
+        batch = {uid: [v for _, v in src.raw_records(uid)] for uid in uids[i:i + COPY_PROMPTS]}
+        batch = {uid: recs for uid, recs in batch.items() if recs}
+        dst.append_raw(batch, walls)
+        for recs in batch.values():
+            rep.add(recs)
+            rep.corrupt += sum(1 for r in recs if not _valid(r))
+    return rep
+
+
+def _valid(rec: bytes) -> bool:
+    try:
+        seqrecord.check(rec)
+    except CorruptRecord:
+        return False
+    return True
+
+
+def _restamped(value: bytes, src: Mapping[str, float], now: int, hl: float) -> bytes | None:
     """The record as it lands here (see the module docstring); None below the source floor."""
     head = seqrecord.check(value)
     src_now = int(src["tick"])
@@ -109,44 +160,28 @@ def _restamped(value: memoryview, src: dict, now: int, hl: float) -> bytes | Non
     return seqrecord.restamp(value, now, weight)
 
 
-def _gather(src: SeqEnv, now: int, hl: float) -> tuple[ImportReport, dict[str, list[tuple[bytes, int]]]]:
-    """Every source record restamped for this store, per uid (from one source snapshot)."""
+def merge_store(src: RecordStore, dst: RecordStore) -> ImportReport:
+    """Append every sequence of `src` to `dst`, each keeping its age and weight (the module
+    docstring), in one `append_raw` (LMDB: one write transaction); sequences below the source's
+    floor and corrupt records are skipped and counted. Importing twice appends twice."""
+    if src is dst or str(src.path) == str(dst.path):
+        raise CacheError(f"{src.path}: cannot import a cache into itself")
+    info, src_info = dst.info(), src.info()
     rep, batch = ImportReport(), {}
-
-    def fn(txn: lmdb.Transaction) -> None:
-        info = src.get_info(txn)
-        for key, value in txn.cursor(db=src.dbs["seqs"]):
+    for uid in src.uids():
+        recs = []
+        for _key, value in src.raw_records(uid):
             try:
-                rec = _restamped(value, info, now, hl)
+                rec = _restamped(value, src_info, int(info["tick"]), info["half_life"])
             except CorruptRecord:
                 rep.corrupt += 1
                 continue
             if rec is None:
                 rep.below_floor += 1
-                continue
-            batch.setdefault(bytes(key[:-4]).decode(), []).append((rec, seqrecord.check(rec).tokens))
-
-    src.read(fn, buffers=True)
-    return rep, batch
-
-
-def import_from(h: SeqEnv, put, src_path: str | Path) -> ImportReport:  # noqa: ANN001
-    """Append every sequence of the store at `src_path`; `put(txn, uid, records, tokens)`
-    appends one prompt's records inside the write transaction (LmdbSequenceStore._put)."""
-    src_path = Path(src_path)
-    if os.path.realpath(src_path) == os.path.realpath(h.path):
-        raise CacheError(f"{src_path}: cannot import a cache into itself")
-    src = seqenv.open_seq_env(src_path, create=False, readonly=True, half_life=1.0, floor=0.0)
-    try:
-        def fn(txn: lmdb.Transaction) -> ImportReport:
-            info = h.get_info(txn)
-            rep, batch = _gather(src, int(info["tick"]), info["half_life"])
-            for uid, recs in batch.items():
-                put(txn, uid, [r for r, _ in recs], sum(n for _, n in recs))
-                rep.prompts, rep.sequences = rep.prompts + 1, rep.sequences + len(recs)
-                rep.tokens += sum(n for _, n in recs)
-            return rep
-
-        return h.write(fn)
-    finally:
-        src.release()
+            else:
+                recs.append(rec)
+        if recs:
+            batch[uid] = recs
+            rep.add(recs)
+    dst.append_raw(batch)
+    return rep

@@ -156,7 +156,7 @@ def add_rollouts(source: Path, model: str | None = None, fingerprint: str | None
     tok, fp = _tokenizer(model, fingerprint)
     items, fp = _validated(source, pool, tok, fp, skip_bad, stats)
     settings = {k: v for k, v in (("half_life", half_life), ("floor", floor)) if v is not None}
-    with open_store(Path(cache_dir) if cache_dir else None, create=True, **settings) as store:
+    with open_store(cache_dir, create=True, **settings) as store:
         warmer = Warmer(store, fp)
         with progress("adding rollouts", as_json=as_json) as bar:
             for prompt_ids, response_ids, probs in items:

@@ -1,10 +1,14 @@
 """The tree cache: where it lives, and the one object a run holds it by.
 
-The cache is `--cache DIR`, else `$SRT_CACHE`, else `~/.cache/srt`, for every command that
-drafts from it or manages it; the store itself is `cache_store.seqstore.LmdbSequenceStore`
-(each prompt's rollouts as append-only sequence records, docs/cache.md). Opening it turns every
-cache failure (a foreign directory, a newer format, a cache of the earlier tree format, a busy
-or corrupt LMDB) into one `SrtError` line naming the directory.
+The cache is `--cache LOCATION`, else `$SRT_CACHE`, else `~/.cache/srt`, for every command that
+drafts from it or manages it. A location is a directory (`cache_store.seqstore.LmdbSequenceStore`,
+the embedded default: one machine) or a server URL, `redis://[user:password@]host:port/db` or
+`rediss://` for TLS, with `?prefix=NAME` to keep several caches in one database
+(`cache_store.redis_store.RedisSequenceStore`: one cache every machine of a run shares). Both
+hold each prompt's rollouts as append-only sequence records (docs/cache.md). Opening either
+turns every cache failure (a foreign directory, a newer format, a cache of the earlier tree
+format, a busy or corrupt LMDB, LMDB on a network filesystem, a server that cannot be reached
+or refuses the password) into one `SrtError` line naming the location, its password masked.
 
 A rollout holds its cache as one `TreeCache`, whose lifecycle is:
 
@@ -18,20 +22,34 @@ A rollout holds its cache as one `TreeCache`, whose lifecycle is:
 so what a batch wrote always reaches the store before its clock advances. A cache that does not
 write (`writer=False`: a vLLM rank other than 0, so sequences are not stored once per rank)
 loads like a writer and drops what waits.
+
+A cache server lost during a run never stops it and never loses a rollout: loads give empty
+trees (drafting goes on from the trees in memory, and outputs stay exact: drafts only steer
+what is verified), appends and ticks are retried with backoff, and what is still unsent when the
+cache closes is written to a local LMDB store beside the run's output, named in one warning
+line, which `srt cache import` adds to the cache once the server is back.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from cache_store.errors import CacheUnavailable
 from cache_store.seqstore import LOAD_NEWEST, LOAD_TOKENS
 from srtcli.errors import SrtError
 
 # what a waiting entry gives when it is appended: its sequences and their probabilities (None: none known)
 Read = Callable[[], tuple[list, list | None]]
+SERVER_SCHEMES = ("redis://", "rediss://")
+RETRY_FIRST, RETRY_MAX = 0.5, 30.0  # seconds before the first retry of a lost server, and the longest wait
+CLOSE_RETRIES = (0.5, 1.0, 2.0)  # the waits of the last tries before what is unsent goes to a local store
+
+log = logging.getLogger("srt")
 
 
 def default_cache_dir() -> Path:
@@ -40,26 +58,48 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "srt"
 
 
-def cache_dir(opt: str | Path | None) -> Path:
-    """--cache if given, else the default."""
-    return Path(opt).expanduser() if opt else default_cache_dir()
+def is_server(location: str | Path | None) -> bool:
+    """Whether a cache location is a server URL (else a directory)."""
+    return isinstance(location, str) and location.startswith(SERVER_SCHEMES)
 
 
-def open_sequence_store(path: str | Path | None, create: bool = True, readonly: bool = False,
+def cache_location(opt: str | Path | None) -> str | Path:
+    """--cache if given, else the default (`$SRT_CACHE` may be a URL too): a URL as it is, a
+    directory as a Path."""
+    if not opt:
+        env = os.environ.get("SRT_CACHE")
+        opt = env if is_server(env) else default_cache_dir()
+    return opt if is_server(opt) else Path(opt).expanduser()
+
+
+def shown(location: str | Path | None) -> str:
+    """A cache location as srt prints it anywhere: a URL with its password masked."""
+    from cache_store.redis_store import mask_url
+
+    loc = cache_location(location)
+    return mask_url(loc) if is_server(loc) else str(loc)
+
+
+def open_sequence_store(location: str | Path | None, create: bool = True, readonly: bool = False,
                         **settings: Any) -> Any:
-    """The sequence store at `path` (default: `default_cache_dir`); the caller closes it."""
+    """The sequence store at `location` (default: `cache_location(None)`); the caller closes it."""
     import lmdb
 
     from cache_store.errors import CacheError
-    from cache_store.seqstore import LmdbSequenceStore
 
-    path = cache_dir(path)
+    loc = cache_location(location)
     try:
-        return LmdbSequenceStore.open(path, create=create, readonly=readonly, **settings)
+        if is_server(loc):
+            from cache_store.redis_store import RedisSequenceStore
+
+            return RedisSequenceStore.open(loc, create=create, readonly=readonly, **settings)
+        from cache_store.seqstore import LmdbSequenceStore
+
+        return LmdbSequenceStore.open(loc, create=create, readonly=readonly, **settings)
     except (CacheError, ValueError) as e:
         raise SrtError(str(e)) from None
     except lmdb.Error as e:
-        raise SrtError(f"{path}: cannot open the cache: {e}") from None
+        raise SrtError(f"{loc}: cannot open the cache: {e}") from None
 
 
 @contextmanager
@@ -83,26 +123,42 @@ def open_store(path: str | Path | None, create: bool = False, readonly: bool = F
 
 
 class TreeCache:
-    """A sequence store as a run uses it: loads, the sequences waiting to be appended, the clock."""
+    """A sequence store as a run uses it: loads, the sequences waiting to be appended, the clock.
+    What a lost server could not take waits in `unsent` (and ticks in `missed_ticks`) until it
+    is back; `spill_dir` is where `close` leaves what it never took."""
 
-    def __init__(self, store: Any, writer: bool = True):
+    def __init__(self, store: Any, writer: bool = True, spill_dir: str | Path | None = None,
+                 location: str | Path | None = None):
         self.store, self.writer = store, writer
+        self.location = location if location is not None else store.path  # unmasked: for another process
+        self.spill_dir = Path(spill_dir) if spill_dir is not None else Path.cwd()
         self.pending: dict[str, list[Read]] = {}  # uid -> its waiting entries, in the order they came
+        self.unsent: dict[str, tuple[list, list]] = {}  # uid -> (sequences, probs) read, not yet appended
+        self.missed_ticks = 0
+        self.lost, self.retry_at, self.backoff = False, 0.0, RETRY_FIRST
 
     @classmethod
-    def open(cls, path: str | Path | None, writer: bool = True) -> "TreeCache":
-        """The cache at `path` (created if needed); a bad cache is one SrtError line."""
-        return cls(open_sequence_store(path, create=True), writer)
+    def open(cls, location: str | Path | None, writer: bool = True,
+             spill_dir: str | Path | None = None) -> "TreeCache":
+        """The cache at `location` (created if needed); a bad cache is one SrtError line."""
+        return cls(open_sequence_store(location, create=True), writer, spill_dir, cache_location(location))
 
     @property
-    def path(self) -> Path:
-        return self.store.path
+    def path(self) -> str:
+        """Where the cache is, as srt prints it (a URL's password masked)."""
+        return str(self.store.path)
 
     def stored(self, uid: str, tokens: int = LOAD_TOKENS, newest: int = LOAD_NEWEST) -> list[tuple]:
         """What a load builds the prompt's tree from: its newest stored sequences above the floor
         (at most `newest` of them and `tokens` tokens in all, the newest one whatever its
         length), oldest first, as (tokens, weight decayed to now, probs)."""
-        return [(s.tokens, s.weight, s.probs) for s in self.store.read(uid, newest, tokens)]
+        if not self._reachable():
+            return []
+        try:
+            return [(s.tokens, s.weight, s.probs) for s in self.store.read(uid, newest, tokens)]
+        except CacheUnavailable as e:
+            self._lose(e)
+            return []
 
     def wait(self, uid: str, read: Read) -> None:
         """Sequences of the prompt for the next append. `read` is called then, not now, so tokens
@@ -119,30 +175,91 @@ class TreeCache:
         return sum(map(len, self.pending.values()))
 
     def flush(self) -> bool:
-        """Append everything waiting in one transaction (`append_many`); True if one ran. What
-        waits is dropped either way (a cache that does not write, or an append that raised)."""
+        """Append everything waiting, and what a lost server has not taken yet, in one
+        transaction (`append_many`); True if one ran. A cache that does not write drops what
+        waits; a server that cannot be reached keeps it for the next try (`unsent`)."""
         pending, self.pending = self.pending, {}
-        if not pending or not self.writer:
+        if not self.writer:
             return False
-        seqs, probs = {}, {}
         for uid, reads in pending.items():
-            seqs[uid], probs[uid] = [], []
+            seqs, probs = self.unsent.setdefault(uid, ([], []))
             for read in reads:
                 s, p = read()
-                seqs[uid] += s
-                probs[uid] += p if p is not None else [None] * len(s)
-        known = any(p is not None for ps in probs.values() for p in ps)
-        self.store.append_many(seqs, probs if known else None)
+                seqs += s
+                probs += p if p is not None else [None] * len(s)
+        if not self.unsent or not self._reachable():
+            return False
+        known = any(p is not None for _, ps in self.unsent.values() for p in ps)
+        try:
+            self.store.append_many({uid: s for uid, (s, _) in self.unsent.items()},
+                                   {uid: p for uid, (_, p) in self.unsent.items()} if known else None)
+        except CacheUnavailable as e:
+            self._lose(e)
+            return False
+        self.unsent = {}
+        self._found()
         return True
 
     def tick(self) -> None:
-        """A rollout batch ended: what it wrote reaches the store, then the logical clock advances."""
+        """A rollout batch ended: what it wrote reaches the store, then the logical clock advances
+        (by the ticks a lost server missed too)."""
         self.flush()
-        self.store.tick()
+        self.missed_ticks += 1
+        if not self._reachable():
+            return
+        try:
+            self.store.tick(self.missed_ticks)
+        except CacheUnavailable as e:
+            self._lose(e)
+            return
+        self.missed_ticks = 0
+        self._found()
 
     def close(self) -> None:
-        """Append what waits, close the store."""
+        """Append what waits (a lost server gets a few last tries; what it still cannot take goes
+        to a local store, `_spill`), close the store."""
         try:
             self.flush()
+            for wait in CLOSE_RETRIES if self.unsent else ():
+                time.sleep(wait)
+                self.retry_at = 0.0
+                if self.flush():
+                    break
+            if self.unsent:
+                self._spill()
         finally:
-            self.store.close()
+            try:
+                self.store.close()
+            except CacheUnavailable:
+                pass  # a lost server: nothing of ours is left on it to close
+
+    def _reachable(self) -> bool:
+        """Not known to be lost, or due for another try."""
+        return not self.lost or time.monotonic() >= self.retry_at
+
+    def _lose(self, e: Exception) -> None:
+        """The server did not answer: say so once, try again after a backoff."""
+        if not self.lost:
+            log.warning("srt: %s; drafting goes on from the trees in memory, appends are retried", e)
+        self.lost, self.retry_at = True, time.monotonic() + self.backoff
+        self.backoff = min(2 * self.backoff, RETRY_MAX)
+
+    def _found(self) -> None:
+        if self.lost:
+            log.warning("srt: the cache server %s answers again", self.path)
+        self.lost, self.backoff = False, RETRY_FIRST
+
+    def _spill(self) -> None:
+        """What the server never took, as a local sequence store that `srt cache import` takes."""
+        from cache_store.seqstore import LmdbSequenceStore
+
+        out = self.spill_dir / f"srt-unsent-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+        known = any(p is not None for _, ps in self.unsent.values() for p in ps)
+        with LmdbSequenceStore.open(out, create=True) as spill:
+            spill.append_many({uid: s for uid, (s, _) in self.unsent.items()},
+                              {uid: p for uid, (_, p) in self.unsent.items()} if known else None)
+        n = sum(len(s) for s, _ in self.unsent.values())
+        log.warning("srt: the cache server %s did not come back: %d sequences of %d prompts are in %s; "
+                    "add them with `srt cache import %s --cache %s` once it answers",
+                    self.path, n, len(self.unsent), out, out, self.path)
+        self.unsent = {}

@@ -37,7 +37,8 @@ COMMANDS = {
     "train": ("srtcli.cli.train:train",
               "Policy-gradient (PPO-clip) training over packed shards or a raw steps pool."),
     "cache": ("srtcli.cli.cache:cache",
-              "The persistent cache of rollouts per prompt (LMDB), from which drafting trees are built."),
+              "The persistent cache of rollouts per prompt (LMDB, or a Redis server), "
+              "from which drafting trees are built."),
 }
 
 

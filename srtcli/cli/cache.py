@@ -3,11 +3,13 @@
     srt cache stats  [--cache DIR] [--json]
     srt cache prune  --max-bytes N | --max-trees N | --older-than 7d | --min-count X | --drop-corrupt
                      [--compact] [--dry-run] [--yes]
-    srt cache export OUT        a compacted, portable copy
+    srt cache export OUT        a copy: a compacted LMDB directory, or an empty cache server
     srt cache import IN         append another cache's sequences to this one
     srt cache add SOURCE        warm the cache from rollout JSONL or a steps pool
 
-The cache is `--cache DIR`, else `$SRT_CACHE`, else `~/.cache/srt`; a cache of srt's earlier
+The cache is `--cache LOCATION` (a directory or a `redis://` URL), else `$SRT_CACHE`, else
+`~/.cache/srt`; OUT and IN may be either too, so caches move between LMDB and a server both
+ways, record for record. A URL is printed with its password masked. A cache of srt's earlier
 tree format is refused by every command (rebuild it with `srt cache add`). stats/prune/export/
 import never import torch (only `add` may, to load a tokenizer). The store is
 cache_store.seqstore, the printed figures cache_store.report and `add`'s two-pass pipeline
@@ -26,7 +28,7 @@ from typing import Any
 import click
 
 from srtcli.cli.config import config_option
-from srtcli.tree_cache import open_store
+from srtcli.tree_cache import is_server, open_store, shown
 from srtcli.errors import SrtError
 
 
@@ -39,14 +41,15 @@ def emit(as_json: bool, obj: dict[str, Any], lines: list[str]) -> None:
             click.echo(line)
 
 
-cache_opt = click.option("--cache", type=click.Path(file_okay=True), default=None,
-                         help="Cache directory (default: $SRT_CACHE, else ~/.cache/srt).")
+cache_opt = click.option("--cache", default=None,
+                         help="Cache directory or redis://[user:password@]host:port/db URL (rediss:// for TLS; "
+                              "?prefix=NAME) (default: $SRT_CACHE, else ~/.cache/srt).")
 json_opt = click.option("--json", is_flag=True, help="Print one JSON object.")
 
 
 @click.group()
 def cache() -> None:
-    """The persistent cache of rollouts per prompt (LMDB), from which drafting trees are built."""
+    """The persistent cache of rollouts per prompt (LMDB, or a Redis server), from which drafting trees are built."""
 
 
 @cache.command()
@@ -150,38 +153,53 @@ def _confirm(yes: bool, question: str) -> None:
 @cache.command()
 @config_option
 @cache_opt
-@click.argument("out", type=click.Path())
+@click.argument("out")
 @json_opt
 def export(cache: str | None, out: str, json: bool) -> None:  # noqa: A002
-    """Write a compacted, portable copy of the cache to the new directory OUT."""
+    """Copy the cache to OUT: a new directory (a compacted, portable LMDB copy) or an empty cache
+    server's URL (every record as it is, with the clock and settings)."""
     as_json = json
     with open_store(cache, readonly=True) as store:
         try:
-            size = store.export(out)
+            if is_server(out):
+                with open_store(out, create=True) as dst:
+                    size = store.export(dst)
+            else:
+                size = store.export(out)
         except OSError as e:
             raise SrtError(f"{out}: cannot write the export: {e.strerror or e}") from None
-    emit(as_json, {"cache": str(store.path), "out": out, "bytes": size},
-         [f"exported {store.path} -> {out} ({size:,} bytes)"])
+    emit(as_json, {"cache": str(store.path), "out": shown(out), "bytes": size},
+         [f"exported {store.path} -> {shown(out)} ({size:,} bytes)"])
 
 
 @cache.command(name="import")
 @config_option
 @cache_opt
-@click.argument("src", metavar="IN", type=click.Path())
+@click.argument("src", metavar="IN")
 @json_opt
 def import_(cache: str | None, src: str, json: bool) -> None:  # noqa: A002
-    """Append the sequences of the cache (or export) IN to this cache, each keeping its age and
-    weight. Importing twice appends twice."""
+    """Append the sequences of the cache IN (a directory, an export, or a cache server's URL) to
+    this cache, each keeping its age and weight. Importing twice appends twice."""
     from cache_store.report import import_dict, import_line
 
     as_json = json
-    with open_store(src, readonly=True):
-        pass  # refuse a bad IN (missing, foreign, earlier format) before this cache is created
+    if is_server(src):
+        with open_store(src, readonly=True) as source:
+            where, rep, new = _import(cache, source)
+    else:
+        with open_store(src, readonly=True):
+            pass  # a bad IN is refused before this cache is created
+        where, rep, new = _import(cache, src)  # by path: one process opens a directory once
+    emit(as_json, {"cache": where, **import_dict(rep, new)}, [import_line(rep, new, shown(src))])
+
+
+def _import(cache: str | None, source: Any) -> tuple[str, Any, int]:
+    """Import `source` (an open store, or a directory) into the cache: where the cache is, the
+    report, and how many prompts it did not have."""
     with open_store(cache, create=True) as store:
         before = set(store.uids())
-        rep = store.import_from(src)
-        new = len(set(store.uids()) - before)
-    emit(as_json, {"cache": str(store.path), **import_dict(rep, new)}, [import_line(rep, new, src)])
+        rep = store.import_from(source)
+        return str(store.path), rep, len(set(store.uids()) - before)
 
 
 @cache.command()

@@ -64,7 +64,8 @@ from srtcli.rollout.drafters import DRAFTERS
                    "attention is sdpa or eager, else 0: on a CPU it costs more than it saves] "
                    "(exact; docs/rollout.md).")
 @click.option("--cache", "cache_opt", default=default("cache_opt"),
-              help="Cache directory (default $SRT_CACHE or ~/.cache/srt).")
+              help="Cache directory, or a server every machine shares: redis://[user:password@]host:port/db "
+                   "(rediss:// for TLS; ?prefix=NAME) (default $SRT_CACHE or ~/.cache/srt).")
 @click.option("--out", default=default("out"), show_default=True, help="Steps pool directory (or a .jsonl file).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=default("batch_size"), show_default=True,
               help="Sequences generated together (engine slots; capped at what the prompts need).")

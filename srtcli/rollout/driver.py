@@ -83,7 +83,7 @@ def run_rollout(config: RolloutConfig, backend: Backend) -> dict[str, Any]:
 
 
 def _generate(config: RolloutConfig, backend: Backend, pl: Plan) -> dict[str, Any]:
-    cache = TreeCache.open(config.cache_opt) if config.uses_cache else None
+    cache = TreeCache.open(config.cache_opt, spill_dir=pl.out.parent) if config.uses_cache else None
     try:
         backend.start(pl, cache)
         t0, c0 = time.perf_counter(), time.process_time()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from srtcli.tree_cache import cache_dir
+from srtcli.tree_cache import shown
 from srtcli.rollout.config import RolloutConfig
 
 # the summary keys docs/rollout.md promises (the JSON has these and a few more)
@@ -74,4 +74,4 @@ def reward_mean(rewards: list[float]) -> float | None:
 def canonical_keys(summary: dict, config: RolloutConfig) -> dict[str, Any]:
     """The --json keys every command shares: `out` (what it wrote: here the pool file, also
     `pool`) and `cache` (the tree cache it drafted from; null when it used none)."""
-    return {"out": summary["pool"], "cache": str(cache_dir(config.cache_opt)) if config.uses_cache else None}
+    return {"out": summary["pool"], "cache": shown(config.cache_opt) if config.uses_cache else None}

@@ -178,9 +178,12 @@ class VllmBackend:
         self.drafting = c.draft == "srt" and c.budget > 0
         self.tmp = tempfile.TemporaryDirectory(prefix="srt-vllm-")
         path = Path(self.tmp.name) / "settings.json"
-        write_settings(path, ProposerSettings(str(cache.path) if cache is not None else None, c.max_new_tokens,
-                                 min_prob=c.min_prob, adaptive=c.adaptive("cpu" if on_cpu() else "cuda"),
-                                 shared=c.shared_tree, load_tokens=c.load_tokens))
+        # the worker opens the cache itself: its location as given (a URL with its password, in a
+        # file only this user reads, removed after the run)
+        location = str(cache.location) if cache is not None else None
+        write_settings(path, ProposerSettings(location, c.max_new_tokens, min_prob=c.min_prob,
+                                              adaptive=c.adaptive("cpu" if on_cpu() else "cuda"),
+                                              shared=c.shared_tree, load_tokens=c.load_tokens))
         if self.drafting:
             worker = self.llm.collective_rpc("srt_reload", args=(str(path),))[0]
             check_fingerprint(worker, tokenizer_fingerprint(self.tok), self.model_dir)

@@ -26,7 +26,6 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed (it needs its own venv; see docs/vllm.md)")
 pytestmark = pytest.mark.slow  # vLLM engines take 30-50 s each to start on CPU
 
-from cache_store.seqstore import LmdbSequenceStore  # noqa: E402
 from srtcli.errors import SrtError  # noqa: E402
 from srtcli.rollout.config import RolloutConfig  # noqa: E402
 from srtcli.rollout.driver import run_rollout  # noqa: E402
@@ -112,9 +111,11 @@ def _embedded(model_dir, prompts, cache, out) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _stored(cache: Path) -> dict:
+def _stored(cache: Path | str) -> dict:
     """Each prompt's stored sequences (in any order: the engines finish rows in other orders)."""
-    with LmdbSequenceStore.open(cache) as s:
+    from srtcli.tree_cache import open_store
+
+    with open_store(cache) as s:
         return {uid: sorted(tuple(x.tokens) for x in s.read(uid)) for uid in s.uids()}
 
 
@@ -235,3 +236,17 @@ def test_greedy_with_vllm_suffix_equals_plain_vllm(llms, model_dir, prompts, tmp
     assert first["vllm_num_drafts"] > 0 and second["accepted_draft_tokens"] > first["accepted_draft_tokens"]
     assert second["accepted_per_forward"] > 2.0 and first["cache_hit_rate"] is None
     assert not (tmp_path / "cache").exists()  # suffix uses no srt cache
+
+
+def test_a_cache_server_serves_both_engines(llms, model_dir, prompts, tmp_path, redis_url):
+    """One Redis cache: vLLM's worker (handed the URL by the driver) writes it, the embedded engine
+    drafts from it; what vLLM stored is what a directory would hold."""
+    spec, _ = llms
+    v = run_vllm(spec, opts(model_dir, prompts, tmp_path, cache_opt=redis_url, out=str(tmp_path / "v.jsonl")))
+    assert v["cache"] == redis_url
+    stored = _stored(redis_url)
+    assert len(stored) == N_PROMPTS and all(len(x) == K for x in stored.values())
+    e = _embedded(model_dir, prompts, redis_url, tmp_path / "e.jsonl")
+    assert e["cache_hit_rate"] == 1.0 and e["accepted_per_forward"] > 2.0
+    assert outputs(e["pool"]) == outputs(v["pool"])
+
