@@ -29,12 +29,16 @@ the tag `{P}`:
                             walk stops at its bound without reading further records
     P:{uid}:meta    hash    next (record number), seqs, tokens, wall (last write), bytes: the
                             fields of LMDB's meta record
+    P:{uid}:applied zset    append id -> time, the last day's: a retried append lands once
 
 How the LMDB guarantees carry over:
 - An append is one Lua script per prompt (`APPEND`, its keys one prompt's): it takes the
   prompt's next record numbers and writes the records, their index entries and the meta in one
   atomic step, so concurrent writers lose nothing and a writer killed at any point leaves each
-  prompt's append whole or absent. A batch's scripts go in one pipeline (one round trip, after
+  prompt's append whole or absent. An append may carry an id (`append_id`), which the script
+  records with it and skips when it comes again: a writer whose connection dropped cannot tell
+  whether its append landed, so it sends it again, and the prompt still gets it once. A
+  batch's scripts go in one pipeline (one round trip, after
   one to read the clock). The records are stamped with the tick read right before that
   pipeline: a script cannot read the clock, which lives in another slot, so a tick landing in
   between leaves them one tick older than LMDB would (LMDB re-stamps inside its transaction).
@@ -90,16 +94,20 @@ _PREFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # no braces: the prefix must no
 
 T = TypeVar("T")
 
-# KEYS: seqs, idx, meta. ARGV: wall, then per record: its bytes, its index entry ("tokens tick
-# weight"). Numbers on from the meta (or past the highest record, without one); checks before
-# writing, because a script's writes before an error are not undone.
+# KEYS: seqs, idx, meta, applied. ARGV: wall, the append's id ('' for none), then per record:
+# its bytes, its index entry ("tokens tick weight"). An id the prompt has applied in the last
+# day is skipped (returns -1): a retry of an append whose reply was lost lands once. Numbers on
+# from the meta (or past the highest record, without one); checks before writing, because a
+# script's writes before an error are not undone.
 APPEND = """
+local id = ARGV[2]
+if id ~= '' and redis.call('ZSCORE', KEYS[4], id) then return -1 end
 local nxt = tonumber(redis.call('HGET', KEYS[3], 'next'))
 if not nxt then
   local top = redis.call('ZREVRANGE', KEYS[2], 0, 0, 'WITHSCORES')
   nxt = top[2] and tonumber(top[2]) + 1 or 0
 end
-local count = (#ARGV - 1) / 2
+local count = (#ARGV - 2) / 2
 for i = 0, count - 1 do
   if redis.call('HEXISTS', KEYS[1], nxt + i) == 1 then
     return redis.error_reply('record ' .. (nxt + i) .. ' already exists (meta out of step)')
@@ -107,7 +115,7 @@ for i = 0, count - 1 do
 end
 local toks, nbytes = 0, 0
 for i = 0, count - 1 do
-  local rec, entry = ARGV[2 + 2 * i], ARGV[3 + 2 * i]
+  local rec, entry = ARGV[3 + 2 * i], ARGV[4 + 2 * i]
   redis.call('HSET', KEYS[1], nxt + i, rec)
   redis.call('ZADD', KEYS[2], nxt + i, (nxt + i) .. ' ' .. entry)
   toks = toks + tonumber(string.match(entry, '^%d+'))
@@ -117,6 +125,11 @@ redis.call('HSET', KEYS[3], 'next', nxt + count, 'wall', ARGV[1])
 redis.call('HINCRBY', KEYS[3], 'seqs', count)
 redis.call('HINCRBY', KEYS[3], 'tokens', toks)
 redis.call('HINCRBY', KEYS[3], 'bytes', nbytes)
+if id ~= '' then
+  redis.call('ZADD', KEYS[4], ARGV[1], id)
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', tonumber(ARGV[1]) - 86400)
+  redis.call('EXPIRE', KEYS[4], 172800)
+end
 return nxt
 """
 
@@ -426,28 +439,30 @@ class RedisSequenceStore(StoreBase):
 
     @_translated
     def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]],
-                    probs: Mapping[str, Sequence[Any]] | None = None) -> None:
+                    probs: Mapping[str, Sequence[Any]] | None = None, append_id: str | None = None) -> None:
         """Store new rollouts (weight 1) for each prompt, each prompt atomically, all in one
         pipeline; `probs[uid][i]`, if given and not None, are the probabilities of
         `batch[uid][i]`'s tokens. Stamped with the tick read right before (module docstring).
-        Empty sequences are skipped; ValueError (nothing written) for a bad uid, token id or
-        probability."""
+        With `append_id`, sending the same batch again (a retry after a lost connection, whose
+        first try may have landed) appends each prompt's part once. Empty sequences are
+        skipped; ValueError (nothing written) for a bad uid, token id or probability."""
         arrays = {uid: arr for uid, arr in self._prepared(batch, probs).items() if arr}
         if not arrays:
             return
         now, wall = self.now(), time.time()
         self._run([c for uid, arr in arrays.items()
-                   for c in self._appends(uid, [seqrecord.encode(a, now, 1.0, p) for a, p in arr], wall)])
+                   for c in self._appends(uid, [seqrecord.encode(a, now, 1.0, p) for a, p in arr], wall,
+                                          append_id or "")])
 
-    def _appends(self, uid: str, recs: Sequence[bytes], wall: float) -> list[tuple]:
+    def _appends(self, uid: str, recs: Sequence[bytes], wall: float, append_id: str = "") -> list[tuple]:
         """The commands appending one prompt's records: listed before and after the script, so
         the prompts set holds every prompt with records even if the writer dies in between."""
-        args: list[Any] = [repr(wall)]
+        args: list[Any] = [repr(wall), append_id]
         for rec in recs:
             args += [rec, _entry(rec)]
         listed = ("ZADD", self._g("prompts"), wall, uid)
-        return [listed, self._call("APPEND", [self._k(uid, "seqs"), self._k(uid, "idx"), self._k(uid, "meta")], args),
-                listed]
+        keys = [self._k(uid, "seqs"), self._k(uid, "idx"), self._k(uid, "meta"), self._k(uid, "applied")]
+        return [listed, self._call("APPEND", keys, args), listed]
 
     @_translated
     def append_raw(self, batch: Mapping[str, Sequence[bytes]], walls: Mapping[str, float] | None = None) -> None:

@@ -75,7 +75,7 @@ class SequenceStore(Protocol):
 
     def append(self, uid: str, sequences: Iterable[Sequence[int]]) -> None: ...
     def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]],
-                    probs: Mapping[str, Sequence[Any]] | None = None) -> None: ...
+                    probs: Mapping[str, Sequence[Any]] | None = None, append_id: str | None = None) -> None: ...
     def read(self, uid: str, newest: int | None = None, tokens: int | None = None) -> list[StoredSequence]: ...
     def prune(self, criteria: PruneCriteria | None = None, dry_run: bool = False) -> PrunePlan: ...
     def stats(self, verify: bool = True, top: int = 5) -> SeqStoreStats: ...
@@ -153,7 +153,7 @@ class StoreBase:
         self.append_many({uid: sequences})
 
     def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]],
-                    probs: Mapping[str, Sequence[Any]] | None = None) -> None:
+                    probs: Mapping[str, Sequence[Any]] | None = None, append_id: str | None = None) -> None:
         raise NotImplementedError
 
     def _prepared(self, batch: Mapping[str, Iterable[Sequence[int]]],
@@ -264,9 +264,11 @@ class LmdbSequenceStore(StoreBase):
     # -- writing -------------------------------------------------------------------------
 
     def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]],
-                    probs: Mapping[str, Sequence[Any]] | None = None) -> None:
+                    probs: Mapping[str, Sequence[Any]] | None = None, append_id: str | None = None) -> None:
         """Store new rollouts (weight 1, stamped now) for each prompt, in one transaction;
-        `probs[uid][i]`, if given and not None, are the probabilities of `batch[uid][i]`'s
+        `append_id` makes a retry idempotent on a server; one transaction here either commits
+        or leaves nothing, so it needs none. `probs[uid][i]`, if given and not None, are the
+        probabilities of `batch[uid][i]`'s
         tokens (`seqrecord.as_probs`).
 
         Everything is validated and compressed before the write lock is taken; inside it,

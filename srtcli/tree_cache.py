@@ -35,7 +35,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -122,10 +124,36 @@ def open_store(path: str | Path | None, create: bool = False, readonly: bool = F
         store.close()
 
 
+@dataclass
+class Batch:
+    """Sequences read for one append, by prompt, with their probabilities (None where unknown),
+    and the id that append carries every time it is sent."""
+
+    seqs: dict[str, list]
+    probs: dict[str, list]
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @classmethod
+    def read(cls, pending: dict[str, list[Read]]) -> "Batch":
+        seqs, probs = {}, {}
+        for uid, reads in pending.items():
+            seqs[uid], probs[uid] = [], []
+            for read in reads:
+                s, p = read()
+                seqs[uid] += s
+                probs[uid] += p if p is not None else [None] * len(s)
+        return cls(seqs, probs)
+
+    def known_probs(self) -> dict[str, list] | None:
+        """`probs`, or None when no sequence has any (what `append_many` takes)."""
+        return self.probs if any(p is not None for ps in self.probs.values() for p in ps) else None
+
+
 class TreeCache:
     """A sequence store as a run uses it: loads, the sequences waiting to be appended, the clock.
     What a lost server could not take waits in `unsent` (and ticks in `missed_ticks`) until it
-    is back; `spill_dir` is where `close` leaves what it never took."""
+    is back, each batch with its own append id, so a batch whose first try landed unseen is
+    not stored twice; `spill_dir` is where `close` leaves what it never took."""
 
     def __init__(self, store: Any, writer: bool = True, spill_dir: str | Path | None = None,
                  location: str | Path | None = None):
@@ -133,7 +161,7 @@ class TreeCache:
         self.location = location if location is not None else store.path  # unmasked: for another process
         self.spill_dir = Path(spill_dir) if spill_dir is not None else Path.cwd()
         self.pending: dict[str, list[Read]] = {}  # uid -> its waiting entries, in the order they came
-        self.unsent: dict[str, tuple[list, list]] = {}  # uid -> (sequences, probs) read, not yet appended
+        self.unsent: list[Batch] = []  # batches read, not yet appended, oldest first
         self.missed_ticks = 0
         self.lost, self.retry_at, self.backoff = False, 0.0, RETRY_FIRST
 
@@ -181,22 +209,18 @@ class TreeCache:
         pending, self.pending = self.pending, {}
         if not self.writer:
             return False
-        for uid, reads in pending.items():
-            seqs, probs = self.unsent.setdefault(uid, ([], []))
-            for read in reads:
-                s, p = read()
-                seqs += s
-                probs += p if p is not None else [None] * len(s)
+        if pending:
+            self.unsent.append(Batch.read(pending))
         if not self.unsent or not self._reachable():
             return False
-        known = any(p is not None for _, ps in self.unsent.values() for p in ps)
         try:
-            self.store.append_many({uid: s for uid, (s, _) in self.unsent.items()},
-                                   {uid: p for uid, (_, p) in self.unsent.items()} if known else None)
+            while self.unsent:
+                batch = self.unsent[0]
+                self.store.append_many(batch.seqs, batch.known_probs(), append_id=batch.id)
+                self.unsent.pop(0)
         except CacheUnavailable as e:
             self._lose(e)
             return False
-        self.unsent = {}
         self._found()
         return True
 
@@ -254,12 +278,12 @@ class TreeCache:
         from cache_store.seqstore import LmdbSequenceStore
 
         out = self.spill_dir / f"srt-unsent-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
-        known = any(p is not None for _, ps in self.unsent.values() for p in ps)
         with LmdbSequenceStore.open(out, create=True) as spill:
-            spill.append_many({uid: s for uid, (s, _) in self.unsent.items()},
-                              {uid: p for uid, (_, p) in self.unsent.items()} if known else None)
-        n = sum(len(s) for s, _ in self.unsent.values())
+            for batch in self.unsent:
+                spill.append_many(batch.seqs, batch.known_probs())
+        n = sum(len(s) for b in self.unsent for s in b.seqs.values())
+        prompts = len({uid for b in self.unsent for uid in b.seqs})
         log.warning("srt: the cache server %s did not come back: %d sequences of %d prompts are in %s; "
                     "add them with `srt cache import %s --cache %s` once it answers",
-                    self.path, n, len(self.unsent), out, out, self.path)
-        self.unsent = {}
+                    self.path, n, prompts, out, out, self.path)
+        self.unsent = []

@@ -363,3 +363,16 @@ def test_tls_with_a_throwaway_ca(tmp_path):
             RedisSequenceStore.open(server.url())
     finally:
         server.stop()
+
+
+def test_an_append_sent_again_with_its_id_lands_once(redis_url):
+    """A writer that lost the reply to an append sends it again with the same id: each prompt
+    gets it once; another id is another append."""
+    with RedisSequenceStore.open(redis_url) as s:
+        a, b = "a" * 32, "b" * 32
+        for _ in range(2):
+            s.append_many({a: [[1, 2]], b: [[3]]}, append_id="first")
+        s.append_many({a: [[1, 2]]}, append_id="second")
+        s.append_many({a: [[1, 2]]})
+        assert [list(x.tokens) for x in s.read(a)] == [[1, 2]] * 3
+        assert [list(x.tokens) for x in s.read(b)] == [[3]]

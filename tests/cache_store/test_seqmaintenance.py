@@ -176,30 +176,6 @@ def test_export_is_a_compact_store_of_the_same_sequences_and_refuses_a_used_dire
     s.close()
 
 
-def test_import_keeps_each_sequences_age_and_weight_so_decay_continues(tmp_path):
-    src = LmdbSequenceStore.open(tmp_path / "src", half_life=1.0, floor=0.1)
-    src.append(UIDS[0], [rollout(0)])
-    src.tick(2)
-    src.append(UIDS[0], [rollout(1)])
-    src.append(UIDS[1], [rollout(2)])
-    src.tick()
-    src.close()
-    dst = LmdbSequenceStore.open(tmp_path / "dst", half_life=1.0, floor=0.1)
-    dst.tick(5)
-    dst.append(UIDS[0], [rollout(3)])
-    rep = dst.import_from(tmp_path / "src")
-    assert (rep.prompts, rep.sequences, rep.tokens, rep.below_floor) == (2, 3, 90, 0)
-    weights = lambda u: sorted((tuple(x.tokens.tolist()), x.weight) for x in dst.read(u))  # noqa: E731
-    assert weights(UIDS[0]) == sorted([(tuple(rollout(3)), 1.0), (tuple(rollout(0)), 0.125),
-                                       (tuple(rollout(1)), 0.5)])
-    dst.tick()  # they go on decaying here, the imported one dropping under the floor in time
-    assert weights(UIDS[0]) == sorted([(tuple(rollout(3)), 0.5), (tuple(rollout(1)), 0.25)])
-    assert dst.import_from(tmp_path / "src").sequences == 3  # import is an append, not a sync
-    with pytest.raises(CacheError, match="into itself"):
-        dst.import_from(tmp_path / "dst")
-    dst.close()
-
-
 def test_import_across_half_lives_brings_the_weight_as_it_is_now(tmp_path):
     src = LmdbSequenceStore.open(tmp_path / "src", half_life=2.0, floor=0.3)
     src.append(UIDS[0], [rollout(0)])

@@ -89,46 +89,6 @@ def test_load_keeps_the_newest_sequences_that_fit_its_token_bound(tmp_path):
         assert seqstore.LOAD_TOKENS >= 16 * 8192
 
 
-def _newest_of(seqs, newest, tokens):
-    """The bounded read's rule, applied to the whole read: the newest sequences, at most
-    `newest` of them and `tokens` tokens (the newest one always)."""
-    kept, total = [], 0
-    for x in reversed(seqs):
-        if len(kept) >= newest or (kept and total + len(x.tokens) > tokens):
-            break
-        kept.append(x)
-        total += len(x.tokens)
-    return kept[::-1]
-
-
-def plain(seqs) -> list[tuple]:
-    return [(x.tokens.tolist(), x.tick, x.weight) for x in seqs]
-
-
-def test_a_bounded_read_keeps_what_the_whole_read_would_keep(tmp_path):
-    """Records of random lengths, ticks and weights (some below the floor, some corrupt), read
-    with random bounds: the newest-first walk keeps exactly the whole read's newest ones."""
-    r = random.Random(0)
-    with LmdbSequenceStore.open(tmp_path / "s", half_life=1.0, floor=0.2) as s:
-        s.tick(3)
-        for uid in UIDS:
-            s.append(uid, [rollout(r.randrange(10**6), r.randrange(1, 60)) for _ in range(r.randrange(1, 30))])
-        for uid in UIDS:
-            for key, rec in s.raw_records(uid):
-                roll = r.random()
-                if roll < 0.3:
-                    s.put_raw(key, seqrecord.restamp(rec, r.randrange(4), r.choice([0.5, 1.0, 4.0])))
-                elif roll < 0.4:
-                    s.put_raw(key, rec[:-1] + bytes([rec[-1] ^ 1]))
-        with pytest.warns(Warning):
-            whole = {uid: s.read(uid) for uid in UIDS}
-        for _ in range(200):
-            uid, newest, tokens = r.choice(UIDS), r.randrange(1, 30), r.randrange(1, 800)
-            assert plain(s.read(uid, newest, tokens)) == plain(_newest_of(whole[uid], newest, tokens))
-            assert plain(s.read(uid, tokens=tokens)) == plain(_newest_of(whole[uid], 10**9, tokens))
-        assert s.read(UIDS[0], newest=0) == []
-
-
 def test_a_bounded_read_never_decodes_what_lies_past_its_bound(tmp_path):
     """The walk stops at the bound: a record past it is never even checked (a corrupt one there
     warns only when a read reaches it), so a load costs what it keeps, not what the prompt has

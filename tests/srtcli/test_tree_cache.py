@@ -276,3 +276,32 @@ def test_the_vllm_proposer_keeps_drafting_while_its_server_is_gone(tmp_path, red
     time.sleep(0.2)
     d.finish()  # the next append takes what waited
     assert sorted(tuple(s.tokens) for s in store.read(prompt_uid(P, FP))) == [(7, 30), (7, 30, 31, 32, EOS)]
+
+
+def test_an_append_whose_reply_was_lost_is_not_stored_twice(tmp_path, redis_url, monkeypatch):
+    """The server takes an append, then the connection drops before its reply: the cache sends
+    it again when the server answers, with the same id, and each sequence is stored once."""
+    from cache_store.errors import CacheUnavailable
+
+    monkeypatch.setattr("srtcli.tree_cache.RETRY_FIRST", 0.05)
+    store = RedisSequenceStore.open(redis_url)
+
+    class ReplyLost(Flaky):
+        def __getattr__(self, name):
+            if name == "append_many" and self.down:
+                def landed_unseen(*a, **kw):
+                    self.store.append_many(*a, **kw)
+                    raise CacheUnavailable(f"{self.path}: the connection dropped")
+                return landed_unseen
+            return super().__getattr__(name)
+
+    flaky = ReplyLost(store)
+    cache = TreeCache(flaky, spill_dir=tmp_path)
+    flaky.down = True
+    cache.wait("a" * 32, lambda: ([[1, 2, 3]], None))
+    assert cache.flush() is False
+    flaky.down = False
+    time.sleep(0.2)
+    cache.wait("a" * 32, lambda: ([[4]], None))
+    assert cache.flush() is True
+    assert sorted(list(s.tokens) for s in store.read("a" * 32)) == [[1, 2, 3], [4]]

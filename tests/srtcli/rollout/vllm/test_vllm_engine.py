@@ -243,7 +243,6 @@ def test_a_cache_server_serves_both_engines(llms, model_dir, prompts, tmp_path, 
     drafts from it; what vLLM stored is what a directory would hold."""
     spec, _ = llms
     v = run_vllm(spec, opts(model_dir, prompts, tmp_path, cache_opt=redis_url, out=str(tmp_path / "v.jsonl")))
-    assert v["cache"] == redis_url
     stored = _stored(redis_url)
     assert len(stored) == N_PROMPTS and all(len(x) == K for x in stored.values())
     e = _embedded(model_dir, prompts, redis_url, tmp_path / "e.jsonl")
