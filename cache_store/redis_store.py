@@ -46,11 +46,12 @@ How the LMDB guarantees carry over:
 - The prompts set lives in another slot than the prompts, so it is kept a superset: a writer
   adds the prompt before and after its script, a prune that empties a prompt removes it and
   adds it back if a writer's meta appeared meanwhile, and `uids` lists only prompts with a meta.
-- A bounded read is one round trip: the clock and a script (`READ`) walking the index newest
-  first, skipping what is clearly below the floor, up to the bound (sending the record that
-  ends the walk too, so the client can confirm it). The client applies the read's rule exactly
-  (seqstore.select_sequences, shared with LMDB) and asks for more only if a record the script
-  counted proves corrupt.
+- A bounded read is two round trips: the clock and a page of the index, newest first, then
+  (HMGET) the records the index keeps by the bound, skipping what is clearly below the floor,
+  and the record that ends the walk (so the client can confirm it). The client applies the
+  read's rule exactly (seqstore.select_sequences, shared with LMDB) and reads on only if a
+  record the index counted proves corrupt. (A Lua script doing the walk in one round trip
+  was slower: it copies every record twice inside the server.)
 - Prune scans with the shared rules (cache_store.seqprune) and deletes each planned record by
   number, only if its header is still the one planned (`DELETE`), so appends made meanwhile
   stay; in the same script a prompt's meta is counted again from its remaining records, or
@@ -90,6 +91,7 @@ DEFAULT_PREFIX = "srt"
 CONNECT_TIMEOUT = 10.0  # seconds to reach the server
 SOCKET_TIMEOUT = 120.0  # seconds one reply may take (a whole prompt, a stats batch)
 BATCH_PROMPTS = 64      # prompts per pipeline when scanning the whole cache (prune, stats)
+READ_PAGE = 64          # index entries a bounded read looks at per round trip
 _PREFIX = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # no braces: the prefix must not move the hash tag
 
 T = TypeVar("T")
@@ -131,41 +133,6 @@ if id ~= '' then
   redis.call('EXPIRE', KEYS[4], 172800)
 end
 return nxt
-"""
-
-# KEYS: seqs, idx. ARGV: from (a ZREVRANGEBYSCORE max), tick, half-life (0: no decay), floor,
-# newest, tokens. Returns {more, number, record, ...}, newest first: what the read's rule keeps
-# by the index, leniently (the client decides exactly), and the record that ends the walk.
-READ = """
-local now, hl, floor = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local newest, limit = tonumber(ARGV[5]), tonumber(ARGV[6])
-local from, nums, kept, total, more = ARGV[1], {}, 0, 0, 0
-while more == 0 do
-  local page = redis.call('ZREVRANGEBYSCORE', KEYS[2], from, '-inf', 'LIMIT', 0, 64)
-  if #page == 0 then break end
-  for _, m in ipairs(page) do
-    if kept >= newest then more = 1 break end
-    local n, t, tick, w = string.match(m, '^(%d+) (%d+) (%d+) (%S+)$')
-    t, tick, w = tonumber(t) or 0, tonumber(tick) or 0, tonumber(w) or 1
-    if hl > 0 and now > tick then w = w * 0.5 ^ ((now - tick) / hl) end
-    if n and not (w < floor * 0.999999) then
-      nums[#nums + 1] = n
-      if kept > 0 and total + t > limit then more = 1 break end
-      kept, total = kept + 1, total + t
-    end
-    from = '(' .. (n or string.match(m, '^%d+'))
-  end
-end
-local out = {more}
-for i = 1, #nums, 512 do
-  local part = {unpack(nums, i, math.min(i + 511, #nums))}
-  local recs = redis.call('HMGET', KEYS[1], unpack(part))
-  for j, n in ipairs(part) do
-    out[#out + 1] = tonumber(n)
-    out[#out + 1] = recs[j]
-  end
-end
-return out
 """
 
 # KEYS: seqs, idx, meta. ARGV: k, then k pairs (record number, the record's first 32 bytes as
@@ -220,7 +187,7 @@ return h
 """
 
 SCRIPTS = {name: (text, hashlib.sha1(text.encode()).hexdigest())
-           for name, text in (("APPEND", APPEND), ("READ", READ), ("DELETE", DELETE),
+           for name, text in (("APPEND", APPEND), ("DELETE", DELETE),
                               ("PUT_RAW", PUT_RAW), ("HEADER", HEADER))}
 
 
@@ -266,6 +233,32 @@ def _translated(fn: Callable[..., T]) -> Callable[..., T]:
             raise self._error(e) from None
 
     return wrapper
+
+
+def _candidates(page: Sequence[bytes], info: Mapping[str, float], newest: int | None, tokens: int | None,
+                kept: int, total: int) -> tuple[list[bytes], int]:
+    """The record numbers a read fetches from a page of the index (entries "number tokens tick
+    weight", newest first), having kept `kept` sequences of `total` tokens so far: those the
+    index puts above the floor (leniently: the records decide, seqstore.select_sequences), up to
+    the bound and the record that ends the walk at it; and how many entries that looked at."""
+    newest = sys.maxsize if newest is None else newest
+    limit = sys.maxsize if tokens is None else tokens
+    now, hl, floor = int(info["tick"]), info["half_life"], info["floor"]
+    nums: list[bytes] = []
+    for i, entry in enumerate(page):
+        if kept >= newest:
+            return nums, i
+        n, t, tick, w = entry.split()
+        t, tick, w = int(t), int(tick), float(w)
+        if hl < math.inf and now > tick:
+            w *= 0.5 ** ((now - tick) / hl)
+        if w < floor * 0.999999:
+            continue
+        nums.append(n)
+        if kept and total + t > limit:
+            return nums, i + 1
+        kept, total = kept + 1, total + t
+    return nums, len(page)
 
 
 def _entry(rec: bytes) -> str:
@@ -485,25 +478,29 @@ class RedisSequenceStore(StoreBase):
     def read(self, uid: str, newest: int | None = None, tokens: int | None = None) -> list[StoredSequence]:
         """The prompt's sequences as `LmdbSequenceStore.read` gives them (oldest first, decayed,
         the floor applied, corrupt ones warned of once and skipped; with `newest`/`tokens` only
-        the newest that fit), by the shared rule (seqstore.select_sequences). A bounded read is
-        one round trip (module docstring)."""
+        the newest that fit), by the shared rule (seqstore.select_sequences). Two round trips
+        (module docstring): the clock with a page of the index, newest first, then the records
+        the index says the read keeps."""
         bounded = newest is not None or tokens is not None
-        keys = [self._k(check_uid(uid), "seqs"), self._k(uid, "idx")]
-        hl = self._settings["half_life"]
-        args = [self._hint, 0 if math.isinf(hl) else hl, self._settings["floor"],
-                sys.maxsize if newest is None else newest, sys.maxsize if tokens is None else tokens]
+        seqs_key, idx_key = self._k(check_uid(uid), "seqs"), self._k(uid, "idx")
         records: list[tuple[bytes, bytes]] = []
-        info, cursor = None, "+inf"
+        info, start, kept, total = None, 0, 0, 0
         while True:
-            clock, page = self._run([("GET", self._g("clock")), self._call("READ", keys, [cursor, *args])])
+            stop = start + READ_PAGE - 1 if bounded else -1
+            clock, page = self._run([("GET", self._g("clock")), ("ZREVRANGE", idx_key, start, stop)])
             if info is None:
                 self._hint = int(clock or 0)
                 info = {"tick": self._hint, **self._settings}
-            records += [(record_key(uid.encode(), n), rec) for n, rec in zip(page[1::2], page[2::2]) if rec is not None]
+            nums, used = _candidates(page, info, newest, tokens, kept, total)
+            for i in range(0, len(nums), 512):
+                part = nums[i:i + 512]
+                recs = self._run([("HMGET", seqs_key, *part)])[0]
+                records += [(record_key(uid.encode(), int(n)), r) for n, r in zip(part, recs) if r is not None]
             seqs, stopped = select_sequences(records if bounded else records[::-1], info, newest, tokens, self._warn)
-            if stopped or not page[0] or len(page) < 3:
+            if stopped or not bounded or (used == len(page) < READ_PAGE):
                 return seqs
-            cursor = f"({page[-2]}"  # a record the script counted was corrupt: walk on below it
+            # the page ran out, or a record the index counted proved corrupt: walk on below
+            start, kept, total = start + used, len(seqs), sum(len(x.tokens) for x in seqs)
 
     def _listed(self) -> tuple[list[str], list[str]]:
         """(prompts with a meta, sorted; prompts listed without one: a writer died before its

@@ -16,6 +16,12 @@ BINARY = shutil.which("redis-server")
 NO_SERVER = "redis-server is not installed (apt-get install redis-server)"
 
 
+def server_version() -> str:
+    """The installed redis-server's version ("7.0.15")."""
+    out = subprocess.run([BINARY, "--version"], check=False, capture_output=True, text=True).stdout
+    return next((w[2:] for w in out.split() if w.startswith("v=")), out.strip())
+
+
 def unique_prefix() -> str:
     """A cache prefix no other test uses: each test's cache is its own on a shared server."""
     return "t" + uuid.uuid4().hex[:12]

@@ -80,17 +80,20 @@ def test_every_key_of_a_prompt_shares_its_slot_and_the_global_keys_theirs(redis_
         assert key_slot(k.encode()) == key_slot(f"{{{uid}}}".encode())
 
 
-def test_a_bounded_read_is_one_round_trip_and_an_append_two(redis_url):
+def test_a_bounded_read_is_two_round_trips_and_so_is_an_append(redis_url):
+    """A load reads the clock and a page of the index, then only the records it keeps (with
+    the one that ends the walk), whatever the prompt has stored."""
     with RedisSequenceStore.open(redis_url) as s:
         s.append(UIDS[0], [rollout(i) for i in range(50)])
-        s.read(UIDS[0], tokens=100)  # the server has the scripts now
+        s.append_many({UIDS[1]: [[1]]})  # the server has the scripts now
         sent = []
         real = s._send
-        s._send = lambda commands: sent.append(len(commands)) or real(commands)
+        s._send = lambda commands: sent.append(commands) or real(commands)
         assert len(s.read(UIDS[0], newest=4, tokens=100)) == 3
-        assert len(sent) == 1
+        assert len(sent) == 2
+        assert sent[1][0][0] == "HMGET" and len(sent[1][0]) == 2 + 4  # the 3 newest fit 100 tokens, the 4th ends it
         s.append_many({u: [rollout(1), rollout(2)] for u in UIDS})
-        assert len(sent) == 3  # the clock, then every prompt's script in one pipeline
+        assert len(sent) == 4  # the clock, then every prompt's script in one pipeline
 
 
 def test_a_server_that_lost_its_scripts_gets_them_again(redis_url, redis_server):
