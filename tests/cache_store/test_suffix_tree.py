@@ -267,6 +267,8 @@ def test_bad_input_raises_and_changes_nothing():
             t.stream().extend(bad)
     with pytest.raises(TypeError):
         t.add([1, "a"])
+    with pytest.raises(TypeError):
+        t.add(5)
     for w in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ValueError):
             t.add([1], w)
