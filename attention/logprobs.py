@@ -63,12 +63,19 @@ def _score_chunk(h: torch.Tensor, head, local: torch.Tensor, tok: torch.Tensor, 
     return picked, ent
 
 
-def _pairs(row: PackedRow) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dst, parent) of every non-root packed token on some path, sorted by parent."""
+def parents(row: PackedRow) -> torch.Tensor:
+    """[n_real] the packed index of each token's parent in the tree (-1 at roots and at tokens
+    on no path): the token whose hidden state predicts it."""
     parent = torch.full((row.n_real,), -1, dtype=torch.int64)
     for path in row.paths:
         if path.numel() > 1:
             parent[path[1:]] = path[:-1]
+    return parent
+
+
+def _pairs(row: PackedRow) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dst, parent) of every non-root packed token on some path, sorted by parent."""
+    parent = parents(row)
     dst = torch.nonzero(parent >= 0).flatten()
     src = parent[dst]
     order = torch.argsort(src, stable=True)

@@ -1,0 +1,1 @@
+"""Tests of srt inside TRL (`srtcli.trl`)."""
