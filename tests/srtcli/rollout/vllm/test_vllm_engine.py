@@ -65,10 +65,18 @@ def run_vllm(llm, config: RolloutConfig) -> dict:
 
 @pytest.fixture(scope="module")
 def llms(model_dir, prompts, tmp_path_factory):
+    # These tests compare srt's counters with vLLM's. The proposer takes vLLM as idle after 2 s
+    # without a step and then ends the sequences out of the batch, so on a CPU whose step stalls
+    # that long a row vLLM skipped would come back as a new sequence, its last draft uncounted
+    # by srt (docs/vllm.md, "Limits"): the workers here wait longer before calling vLLM idle
+    # (they read it when they start; later modules' servers get the default again).
+    env = pytest.MonkeyPatch()
+    env.setenv("SRT_VLLM_COMMIT_SECONDS", "60")
     tmp = tmp_path_factory.mktemp("llm")
     # the engine built last owns vLLM's (process-wide) metrics: the one we read them from
     plain = make_llm(opts(model_dir, prompts, tmp, draft="none"), model_dir, 256)
     spec = make_llm(opts(model_dir, prompts, tmp), model_dir, 256)
+    env.undo()
     yield spec, plain
     for llm in (spec, plain):
         llm.llm_engine.engine_core.shutdown()
