@@ -31,6 +31,7 @@ import struct
 import sys
 import time
 import warnings
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
@@ -125,10 +126,10 @@ def select_sequences(records: Iterable[tuple[bytes, Any]], info: Mapping[str, fl
     return (out[::-1] if bounded else out), stopped or len(out) >= newest
 
 
-class StoreBase:
+class StoreBase(ABC):
     """What every backend's store shares: checking a batch before it is written, the clock's
     reading, corrupt-record warnings (once per record), stats' memory estimate, and closing
-    as a context manager. A backend provides `path`, `readonly`, `info`, `read`, `close`."""
+    as a context manager. A backend provides `path`, `readonly` and the abstract methods."""
 
     path: Any
     readonly: bool
@@ -136,14 +137,14 @@ class StoreBase:
     def __init__(self) -> None:
         self._warned: set[bytes] = set()
 
-    def info(self) -> dict[str, float]:
-        raise NotImplementedError
+    @abstractmethod
+    def info(self) -> dict[str, float]: ...
 
-    def read(self, uid: str, newest: int | None = None, tokens: int | None = None) -> list[StoredSequence]:
-        raise NotImplementedError
+    @abstractmethod
+    def read(self, uid: str, newest: int | None = None, tokens: int | None = None) -> list[StoredSequence]: ...
 
-    def close(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def close(self) -> None: ...
 
     def now(self) -> int:
         return int(self.info()["tick"])
@@ -152,9 +153,9 @@ class StoreBase:
         """`append_many` for one prompt."""
         self.append_many({uid: sequences})
 
+    @abstractmethod
     def append_many(self, batch: Mapping[str, Iterable[Sequence[int]]],
-                    probs: Mapping[str, Sequence[Any]] | None = None, append_id: str | None = None) -> None:
-        raise NotImplementedError
+                    probs: Mapping[str, Sequence[Any]] | None = None, append_id: str | None = None) -> None: ...
 
     def _prepared(self, batch: Mapping[str, Iterable[Sequence[int]]],
                   probs: Mapping[str, Sequence[Any]] | None) -> dict[str, list[tuple]]:

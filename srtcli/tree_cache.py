@@ -54,32 +54,26 @@ CLOSE_RETRIES = (0.5, 1.0, 2.0)  # the waits of the last tries before what is un
 log = logging.getLogger("srt")
 
 
-def default_cache_dir() -> Path:
-    """`$SRT_CACHE`, else `~/.cache/srt`."""
-    env = os.environ.get("SRT_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "srt"
-
-
 def is_server(location: str | Path | None) -> bool:
     """Whether a cache location is a server URL (else a directory)."""
     return isinstance(location, str) and location.startswith(SERVER_SCHEMES)
 
 
 def cache_location(opt: str | Path | None) -> str | Path:
-    """--cache if given, else the default (`$SRT_CACHE` may be a URL too): a URL as it is, a
-    directory as a Path."""
-    if not opt:
-        env = os.environ.get("SRT_CACHE")
-        opt = env if is_server(env) else default_cache_dir()
+    """--cache if given, else `$SRT_CACHE`, else `~/.cache/srt`: a URL as it is (a Path would
+    fold its `//`), a directory as a Path."""
+    opt = opt or os.environ.get("SRT_CACHE") or Path.home() / ".cache" / "srt"
     return opt if is_server(opt) else Path(opt).expanduser()
 
 
 def shown(location: str | Path | None) -> str:
     """A cache location as srt prints it anywhere: a URL with its password masked."""
+    loc = cache_location(location)
+    if not is_server(loc):
+        return str(loc)
     from cache_store.redis_store import mask_url
 
-    loc = cache_location(location)
-    return mask_url(loc) if is_server(loc) else str(loc)
+    return mask_url(loc)
 
 
 def open_sequence_store(location: str | Path | None, create: bool = True, readonly: bool = False,

@@ -19,6 +19,13 @@ TREE_ATTENTION = ("sdpa", "eager")  # the attentions that verify a draft tree (s
 TAIL_NODES = 64  # a tail tree's nodes at most (the engine's `tail_nodes`)
 
 
+def adaptive_default(device_type: str) -> bool:
+    """Adaptive draft lengths unless on CUDA: on a CPU verified tokens cost FLOPs and adapting
+    paid for itself; with CUDA they are nearly free and a fixed budget takes fewer forwards
+    (docs/benchmarks.md, "What each of srt's parts is worth")."""
+    return device_type != "cuda"
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
     """The options of a rollout (see `srt rollout --help` for each)."""
@@ -82,12 +89,10 @@ class RolloutConfig:
         return self.draft == "srt"
 
     def adaptive(self, device_type: str) -> bool:
-        """--adaptive-budget unless set: on a CPU verified tokens cost FLOPs and adapting paid for
-        itself; with CUDA they are nearly free and a fixed budget takes fewer forwards
-        (docs/benchmarks.md, "What each of srt's parts is worth")."""
+        """--adaptive-budget unless set, else `adaptive_default`."""
         if self.adaptive_budget is not None:
             return bool(self.adaptive_budget)
-        return device_type != "cuda"
+        return adaptive_default(device_type)
 
     def tail_trees(self, device_type: str, attn: str) -> int:
         """--tail-nodes unless set: TAIL_NODES with CUDA where the model's attention can verify a

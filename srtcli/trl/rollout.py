@@ -53,6 +53,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
+from srtcli.rollout.config import adaptive_default
 from srtcli.rollout.drafters.base import Drafter
 
 TRAINER_METRICS = ("accepted_per_forward", "draft_acceptance_rate", "cache_hit_rate")
@@ -157,7 +158,7 @@ class SrtRollout:
         ctx = context_length(getattr(model.config, "max_position_embeddings", None), tok)
         room = agent.room(self.tool_options) if agent is not None else 0
         max_len = min(ctx, max(len(s.prompt_ids) for s in seqs) + max_new + room + 1)
-        adaptive = self.adaptive if self.adaptive is not None else next(model.parameters()).device.type != "cuda"
+        adaptive = adaptive_default(model.device.type) if self.adaptive is None else self.adaptive
         seed = (self.seed if self.seed is not None else trainer.args.seed) + self.calls
         self.calls += 1
         left = Counter(s.group for s in seqs)  # samples of each group still running

@@ -305,3 +305,15 @@ def test_an_append_whose_reply_was_lost_is_not_stored_twice(tmp_path, redis_url,
     cache.wait("a" * 32, lambda: ([[4]], None))
     assert cache.flush() is True
     assert sorted(list(s.tokens) for s in store.read("a" * 32)) == [[1, 2, 3], [4]]
+
+
+def test_a_server_in_srt_cache_stays_a_url(monkeypatch, tmp_path):
+    """`$SRT_CACHE` names a server for every user of the default, the drop-in speculator too
+    (a Path would fold `redis://` into `redis:/` and make a directory of it)."""
+    from srtcli.tree_cache import cache_location
+
+    url = "redis://127.0.0.1:6379/0?prefix=x"
+    monkeypatch.setenv("SRT_CACHE", url)
+    assert cache_location(None) == url and cache_location(str(tmp_path)) == tmp_path
+    monkeypatch.setenv("SRT_CACHE", str(tmp_path / "c"))
+    assert cache_location(None) == tmp_path / "c"

@@ -56,9 +56,9 @@ class SrtProposer:
         if os.environ.get(SETTINGS_ENV):
             self.reload(os.environ[SETTINGS_ENV])
         elif not _driven(vllm_config):
-            from srtcli.tree_cache import default_cache_dir
+            from srtcli.tree_cache import cache_location
 
-            self.start(ProposerSettings(cache=str(default_cache_dir())))
+            self.start(ProposerSettings(cache=str(cache_location(None))))
         _idle_commits(self, self.commit_seconds)
         multiprocessing.util.Finalize(self, self.close, exitpriority=10)
 

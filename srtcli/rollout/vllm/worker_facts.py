@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from srtcli.errors import SrtError
+from srtcli.rollout.config import adaptive_default
 from srtcli.rollout.vllm.settings import ProposerSettings
 
 
@@ -62,4 +63,4 @@ def completed(settings: ProposerSettings, facts: ModelFacts) -> ProposerSettings
     """The settings with what they left open filled in from the model and the platform."""
     return replace(settings, fingerprint=settings.fingerprint or facts.fingerprint,
                    eos_ids=facts.eos_ids if settings.eos_ids is None else settings.eos_ids,
-                   adaptive=facts.device_type != "cuda" if settings.adaptive is None else settings.adaptive)
+                   adaptive=adaptive_default(facts.device_type) if settings.adaptive is None else settings.adaptive)
