@@ -10,6 +10,9 @@ TRL's own fused LM-head kernel (`trl.kernels.ChunkedLogProbFunction`, same tempe
 fp32-cast option), so the per-token log-probs and entropies equal TRL's unpacked ones: same
 shape [B, logits_to_keep], dtype and zeros on padding.
 
+With `torch_compile=True` the packed forwards run the compiled model's own module eagerly
+(`uncompiled`); what falls back to TRL's method stays compiled.
+
 Falls back to TRL's own method (unpacked) for: vision / multimodal inputs and `token_type_ids`,
 the MoE aux loss (`compute_aux_loss`), forwards under autograd with reentrant gradient
 checkpointing (`use_reentrant=True`: its recomputation cannot be put back inside the tree mask;
@@ -64,6 +67,13 @@ def real_spans(attention_mask: torch.Tensor, logits_to_keep: int) -> list[tuple[
             return None
         spans.append((s, e))
     return spans
+
+
+def uncompiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module `torch.compile` wrapped (TRL's `torch_compile=True`), or `model` itself. Packed
+    forwards run it eagerly: a packed row's length changes with every batch (each would compile
+    anew) and the row's tree mask is read from a context variable inside the attention call."""
+    return model._orig_mod if isinstance(model, torch._dynamo.eval_frame.OptimizedModule) else model
 
 
 def _checkpoint_funcs(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Any]]:
@@ -170,7 +180,8 @@ class PackedGRPOTrainer(GRPOTrainer):
         the entropies likewise when `compute_entropy`, else None; the MoE aux loss or None)."""
         spans = None  # TRL passes the multimodal inputs (pixel_values, num_images, ...) by keyword
         plain_inputs = not compute_aux_loss and all(v is None for v in multimodal.values())
-        if plain_inputs and self._srt_model_ok(model) and _checkpointing_ok(model):
+        eager = uncompiled(model)
+        if plain_inputs and self._srt_model_ok(eager) and _checkpointing_ok(eager):
             spans = real_spans(attention_mask, logits_to_keep)
         if spans is None:
             return super()._get_per_token_logps_and_entropies(
@@ -181,7 +192,7 @@ class PackedGRPOTrainer(GRPOTrainer):
         packed = 0
         for start in range(0, input_ids.size(0), batch_size):
             end = min(start + batch_size, input_ids.size(0))
-            lp, ent, n = self._packed_chunk(model, input_ids[start:end], spans[start:end], logits_to_keep,
+            lp, ent, n = self._packed_chunk(eager, input_ids[start:end], spans[start:end], logits_to_keep,
                                             compute_entropy)
             logps.append(lp)
             ents.append(ent)

@@ -233,20 +233,22 @@ def _initial(model_dir):
     return {n: p.detach() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_train_step_with_accumulation_equal_trl(model_dir, tmp_path, checkpointing):
+@pytest.mark.parametrize("checkpointing,compiled", [(False, False), (True, False), (False, True)])
+def test_train_step_with_accumulation_equal_trl(model_dir, tmp_path, checkpointing, compiled):
     """One optimizer step over 2 accumulated micro-batches (TRL's own train loop, its own
     generation): the same updated weights, with and without gradient checkpointing (GRPOConfig's
-    default; the backward recomputes each layer inside the tree mask)."""
+    default; the backward recomputes each layer inside the tree mask), and with `torch_compile`
+    (TRL's compiled model against the packed forwards of its uncompiled module)."""
     weights = []
     for cls, name in ((GRPOTrainer, "a"), (PackedGRPOTrainer, "b")):
         t = _trainer(cls, model_dir, tmp_path / name, beta=0.05, loss_type="dapo",
                      gradient_accumulation_steps=2, max_steps=1, learning_rate=1.0, optim="sgd",
-                     gradient_checkpointing=checkpointing)
+                     gradient_checkpointing=checkpointing, torch_compile=compiled)
         torch.manual_seed(5)
         t.train()
         if cls is PackedGRPOTrainer:  # the last forward, the policy's under autograd, was packed
             assert t.srt_stats["grad"] and t.srt_stats["packed_tokens"] < t.srt_stats["padded_tokens"]
+        assert compiled == (t.model_wrapped is not t.model)  # TRL trained a torch.compile wrapper
         weights.append({n: p.detach().clone() for n, p in t.model.named_parameters()})
     # plain SGD with lr 1: the update is the gradient itself (Adam's first step, g / |g|, would
     # turn rounding noise on near-zero gradients into full-size steps)
