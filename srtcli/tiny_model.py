@@ -115,3 +115,50 @@ def make_head32_model_dir(out: Path) -> Path:
                       eos_token_id=2, pad_token_id=0, tie_word_embeddings=True, initializer_range=0.3)
     LlamaForCausalLM(cfg).save_pretrained(out)
     return copy_bundled_tokenizer(out)
+
+
+def pad_head_dim(src: Path, out: Path, head_dim: int = 64) -> Path:
+    """A copy of the Llama in `src` with its attention heads widened to `head_dim` (one vLLM's CPU
+    attention supports: the bundled and agent models' 40 is not one), computing the same function.
+
+    Each head's query and key dims go to the same rotary pairs of the wider head (first half at
+    0, second half at `head_dim` / 2), the rest zero, so the dot products are unchanged; queries
+    are scaled by sqrt(head_dim / old) to keep the 1/sqrt(old) softmax scale; rope_theta becomes
+    theta ** (head_dim / old), so pair i turns at the old frequency theta ** (-2i / old); values
+    fill the first dims and the output projection reads only those. Logits equal the original's
+    to float rounding (tested). Tokenizer and generation files are copied."""
+    from transformers import AutoModelForCausalLM
+
+    src, out = Path(src), Path(out)
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    cfg = model.config
+    old = cfg.head_dim
+    half, new_half = old // 2, head_dim // 2
+    new_cfg = cfg.to_dict()
+    new_cfg["head_dim"] = head_dim
+    new_cfg["rope_parameters"] = {**cfg.rope_parameters, "rope_theta": cfg.rope_parameters["rope_theta"] ** (head_dim / old)}
+    wide = type(model)(type(cfg).from_dict(new_cfg))
+    state = model.state_dict()
+    for name, w in list(state.items()):
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = w.view(-1, old, w.shape[-1])
+            grown = heads.new_zeros(heads.shape[0], head_dim, w.shape[-1])
+            grown[:, :half], grown[:, new_half:new_half + half] = heads[:, :half], heads[:, half:]
+            scale = (head_dim / old) ** 0.5 if name.endswith("q_proj.weight") else 1.0
+            state[name] = (grown * scale).reshape(-1, w.shape[-1])
+        elif name.endswith("v_proj.weight"):
+            heads = w.view(-1, old, w.shape[-1])
+            grown = heads.new_zeros(heads.shape[0], head_dim, w.shape[-1])
+            grown[:, :old] = heads
+            state[name] = grown.reshape(-1, w.shape[-1])
+        elif name.endswith("o_proj.weight"):
+            heads = w.view(w.shape[0], -1, old)
+            grown = heads.new_zeros(w.shape[0], heads.shape[1], head_dim)
+            grown[:, :, :old] = heads
+            state[name] = grown.reshape(w.shape[0], -1)
+    wide.load_state_dict(state)
+    wide.save_pretrained(out)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "generation_config", "chat_template")):
+            shutil.copy(f, out / f.name)
+    return out

@@ -14,7 +14,7 @@ from srtcli.errors import SrtError
 from srtcli.rollout.config import TREE_ATTENTION, RolloutConfig
 from srtcli.rollout.driver import GroupWriter
 from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
-from srtcli.rollout.steps import Sample
+from srtcli.rollout.steps import sample_of
 from srtcli.rollout.summary import Counts, Run, reward_mean
 
 
@@ -34,12 +34,6 @@ def engine_slots(batch_size: int, per: int, todo: int, n_prompts: int, k: int, r
     work = min(per, todo) * k
     ahead = min(per, n_prompts) if run_ahead else 0
     return max(1, min(batch_size, work + ahead))
-
-
-def sample_of(seq: Any, tok: Any, reward: float | None = None) -> Sample:
-    """A finished engine sequence as a sample (a turn the engine closed empty is no model turn)."""
-    return Sample(seq.meta["sample"], seq.tokens, seq.logprobs, [(s, e) for s, e in seq.turns if e > s],
-                  seq.finish_reason, tok.decode(seq.output, skip_special_tokens=False), reward=reward)
 
 
 def check_tree_attention(config: RolloutConfig, model: Any) -> None:

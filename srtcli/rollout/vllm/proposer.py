@@ -51,6 +51,7 @@ class SrtProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.max_num_seqs = int(vllm_config.scheduler_config.max_num_seqs)
         self.facts = model_facts(vllm_config)
+        self.request_ids: Any = None  # set by `SrtWorkerExtension`: the batch's request ids in row order
         self.commit_every, self.commit_seconds = commit_settings()
         self.drafts = self._drafts(ProposerSettings(), None)
         if os.environ.get(SETTINGS_ENV):
@@ -65,7 +66,7 @@ class SrtProposer:
     def _drafts(self, settings: ProposerSettings, cache: Any) -> TreeDrafts:
         return TreeDrafts(completed(settings, self.facts), self.budget, self.max_model_len, cache,
                           commit_every=self.commit_every, commit_seconds=self.commit_seconds,
-                          max_num_seqs=self.max_num_seqs)
+                          max_num_seqs=self.max_num_seqs, request_ids=self.request_ids)
 
     def start(self, settings: ProposerSettings) -> None:
         """Draft with these settings from now on; what is pending is appended first."""
@@ -132,7 +133,11 @@ class SrtWorkerExtension:
     def srt_reload(self, path: str) -> str:
         """Read the driver's settings; the tokenizer fingerprint ("" without the SRT proposer)."""
         p = self._srt()
-        return p.reload(path) if p is not None else ""
+        if p is None:
+            return ""
+        runner = self.model_runner
+        p.request_ids = lambda: runner.input_batch.req_ids  # a driver's turns are named (row_tracking)
+        return p.reload(path)
 
     def srt_finish(self) -> dict[str, int]:
         p = self._srt()

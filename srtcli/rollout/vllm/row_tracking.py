@@ -12,6 +12,14 @@ what it held plus this step's tokens), or a new one, whose prompt is what its ro
 its first sampled tokens. A sequence out of the batch may come back for `PARK_STEPS` steps;
 then it ends.
 
+A driver that runs tools (`srt rollout --engine vllm --tools`) sends each model turn of a
+trajectory as its own request, named by `turn_request_id` (the prompt's uid, the sample, the
+prompt's length, the turn). The proposer reads the ids of new rows only (`parse_turn_request`):
+a turn's row is the trajectory's sequence, its prompt the original prompt (not the conversation
+so far), and a later turn continues the sequence the earlier one fed, taking the tool output
+between them as what the model reads. A trajectory's sequence is parked between turns (not
+ended at a turn's eos) until the driver's `srt_finish`.
+
 A step's row state is a few arrays in row order (`slots`, `seen`, `done`, `tails`, and the
 drafting state), carried to the next step by index (`TreeDrafts._track`'s `src`), so a step
 touches no Python object per row that kept its sequence.
@@ -30,6 +38,7 @@ from srtcli.rollout.drafters.group_trees import DEPTH, PromptTree
 # draft reads, so only rows that end alike as far as a draft looks can be taken for each other
 TAIL = DEPTH
 PARK_STEPS = 256  # steps a sequence out of the batch may still come back as itself
+TURN_PREFIX = "srt-turn:"
 
 
 @dataclass
@@ -51,6 +60,7 @@ class TrackedSeq:
     done: bool = False  # eos or max_new_tokens reached: it takes no more tokens
     ended: bool = False  # committed (or waiting to be)
     left: int = -1  # the step it left the batch at, while it may come back
+    trajectory: str | None = None  # the driver's trajectory key (its turns are requests of their own)
 
 
 def gather_tails(ids: np.ndarray, slots: np.ndarray, seen: np.ndarray) -> np.ndarray:
@@ -71,3 +81,20 @@ def grown(seen: Any, done: Any, n: Any, k: Any) -> Any:
     be now: exactly what it had and those (a longer identical sibling, as greedy samples are, is
     not it); a done one at least what it had (it may hold junk after eos). Scalars or arrays."""
     return np.where(done, n >= seen, n - k == seen)
+
+
+def turn_request_id(uid: str, sample: int, prompt_len: int, turn: int) -> str:
+    """The vLLM request id of turn `turn` (0, 1, ...) of sample `sample` of the prompt `uid`
+    whose first `prompt_len` tokens are the prompt."""
+    return f"{TURN_PREFIX}{uid}:{sample}:{prompt_len}:{turn}"
+
+
+def parse_turn_request(request_id: str) -> tuple[str, int] | None:
+    """(trajectory key, prompt length) of a `turn_request_id` (vLLM may append its own suffix),
+    or None for any other request."""
+    if not request_id.startswith(TURN_PREFIX):
+        return None
+    parts = request_id[len(TURN_PREFIX):].split(":")
+    if len(parts) < 4 or not parts[2].isdigit():
+        return None
+    return f"{parts[0]}:{parts[1]}", int(parts[2])

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -39,7 +39,7 @@ from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_lengths
 from srtcli.rollout.drafters.group_trees import GroupTrees
 from srtcli.rollout.vllm.commits import COMMIT_EVERY, COMMIT_SECONDS, IDLE_GROUPS, ResidentTrees, StepClock
 from srtcli.rollout.vllm.counters import Counters
-from srtcli.rollout.vllm.row_tracking import PARK_STEPS, TAIL, TrackedSeq, gather_tails, grown
+from srtcli.rollout.vllm.row_tracking import PARK_STEPS, TAIL, TrackedSeq, gather_tails, grown, parse_turn_request
 from srtcli.rollout.vllm.settings import ProposerSettings
 
 
@@ -86,7 +86,8 @@ class TreeDrafts:
 
     def __init__(self, settings: ProposerSettings, budget: int, max_model_len: int, cache: Any = None,
                  commit_every: int = COMMIT_EVERY, commit_seconds: float = COMMIT_SECONDS,
-                 idle_groups: int = IDLE_GROUPS, max_num_seqs: int | None = None):
+                 idle_groups: int = IDLE_GROUPS, max_num_seqs: int | None = None,
+                 request_ids: Callable[[], Sequence[str]] | None = None):
         if not settings.fingerprint or settings.adaptive is None:
             raise ValueError("TreeDrafts needs completed settings: fingerprint and adaptive set (worker_facts)")
         self.settings, self.budget, self.max_model_len = settings, budget, max_model_len
@@ -98,8 +99,11 @@ class TreeDrafts:
                                 load_steps=settings.load_steps)
         self.groups = ResidentTrees(self.trees, commit_every, commit_seconds, idle_groups)
         self.rows: dict[int, TrackedSeq] = {}
+        self.request_ids = request_ids  # the batch's request ids in row order (a driver's turns), or None
+        self.row_names: list[str] | None = None  # this step's request ids in row order (with `request_ids`)
         self._forget()
         self.away: dict[int, TrackedSeq] = {}  # id -> sequence out of the batch that may come back
+        self.trajectories: dict[str, TrackedSeq] = {}  # a driver's trajectories between turns, by key
         self.step, self.clock = 0, StepClock()
         self.lock = threading.RLock()
         self.c = Counters()
@@ -126,9 +130,13 @@ class TreeDrafts:
         """A sequence back in the batch holding exactly what it held (a longer row starting with it is new)."""
         return next((s for s in self.away.values() if s.seen == held and self._continues(s, row, held, 0)), None)
 
-    def _arrived(self, free: dict[int, TrackedSeq], row: np.ndarray, n: int, k: int) -> TrackedSeq:
-        """The sequence a row holds that is not the one it held: a tracked one that moved, one
-        that came back, else a new one whose prompt is the row without its `k` sampled tokens."""
+    def _arrived(self, free: dict[int, TrackedSeq], row: np.ndarray, n: int, k: int, i: int) -> TrackedSeq:
+        """The sequence row `i` holds that is not the one it held: a driver's trajectory (named
+        by its request id), a tracked one that moved, one that came back, else a new one whose
+        prompt is the row without its `k` sampled tokens."""
+        named = parse_turn_request(self.row_names[i]) if self.row_names is not None else None
+        if named is not None:
+            return self._turn(free, named[0], named[1], row, n - k)
         s = self._moved(free, row, n, k)
         if s is not None:
             free.pop(id(s))
@@ -141,6 +149,23 @@ class TreeDrafts:
             return s
         return self._new_seq(row, max(n - k, 1))
 
+    def _turn(self, free: dict[int, TrackedSeq], key: str, plen: int, row: np.ndarray, held: int) -> TrackedSeq:
+        """The sequence of a driver's trajectory `key` whose row holds `held` tokens before this
+        step's: the one its earlier turns fed, which goes on from where it stopped (the tool
+        output between two turns is fed as what the model reads), else a new one of the prompt
+        (the row's first `plen` tokens) starting at `held`."""
+        s = self.trajectories.pop(key, None) or next((f for f in free.values() if f.trajectory == key), None)
+        free.pop(id(s), None)
+        if s is not None and not s.ended and s.seen <= held:
+            if s.done:  # a new turn: its prompt's tail is tool output, fed whole (eos and all) as the model reads it
+                for st in s.streams:
+                    st.extend(row[s.seen:held].tolist())
+                s.seen, s.done, s.last_draft = held, False, []  # that draft was for a step the turn never took
+            return s
+        s = self._new_seq(row, plen)
+        s.seen, s.trajectory = held, key
+        return s
+
     def _kept(self, sampled: np.ndarray, num: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """Per tracked sequence (order of `rows`): whether its row still holds it (`_continues`), at once."""
         same = np.zeros(len(self.slots), dtype=bool)
@@ -149,6 +174,9 @@ class TreeDrafts:
             slots, seen = self.slots[live], self.seen[live]
             same[live] = grown(seen, self.done[live], num[slots], sampled[slots]) \
                 & (gather_tails(ids, slots, seen) == self.tails[live]).all(1)
+        if self.names is not None:  # a driver's next turn may take the row its last turn held
+            same &= np.array([slot < len(self.row_names) and self.names[j] == self.row_names[slot]
+                              for j, slot in enumerate(self.slots.tolist())], dtype=bool)
         return same
 
     def _track(self, sampled: np.ndarray, num_tokens_no_spec: np.ndarray,
@@ -170,7 +198,7 @@ class TreeDrafts:
         held[self.slots[src]] = True
         arrived = np.flatnonzero((sampled > 0) & ~held).tolist()  # rows still prefilling sampled nothing
         for i in arrived:  # moved rows, returning and new sequences
-            cur[i] = self._arrived(free, token_ids_cpu[i], int(num_tokens_no_spec[i]), int(sampled[i]))
+            cur[i] = self._arrived(free, token_ids_cpu[i], int(num_tokens_no_spec[i]), int(sampled[i]), i)
         for s in free.values():
             self._left(s)
         return cur, np.concatenate([src, np.full(len(arrived), -1, dtype=np.int64)])
@@ -181,8 +209,13 @@ class TreeDrafts:
         s.spec_len, s.last_draft = int(self.last.spec[j]), self.last.drafts[j]
 
     def _left(self, s: TrackedSeq) -> None:
-        """A sequence left the batch (finished, preempted or skipped: it may come back); ends in `PARK_STEPS`."""
-        if not s.ended:
+        """A sequence left the batch (finished, preempted or skipped: it may come back); ends in
+        `PARK_STEPS`, or for a driver's trajectory (between turns) at `finish`."""
+        if s.ended:
+            return
+        if s.trajectory is not None:
+            self.trajectories[s.trajectory] = s
+        else:
             s.left = self.step
             self.away[id(s)] = s
 
@@ -193,9 +226,11 @@ class TreeDrafts:
             self._end(s)
 
     def _remember(self, slots: np.ndarray, seen: np.ndarray, done: np.ndarray, ids: np.ndarray) -> None:
-        """Each tracked row's slot, length, doneness and `TAIL` tokens before it, for the next step."""
+        """Each tracked row's slot, length, doneness and `TAIL` tokens before it (and its request
+        id, where the driver names requests), for the next step."""
         self.slots, self.seen, self.done = slots, seen, done
         self.tails = gather_tails(ids, slots, seen)
+        self.names = [self.row_names[i] for i in slots.tolist()] if self.row_names is not None else None
 
     # --- the hook -----------------------------------------------------------------------------
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
@@ -209,6 +244,7 @@ class TreeDrafts:
             sampled = np.fromiter(map(len, sampled_token_ids), np.int64, len(sampled_token_ids))
             self.c.row_forwards += int(np.count_nonzero(sampled))
             num = np.asarray(num_tokens_no_spec)
+            self.row_names = list(self.request_ids()) if self.request_ids is not None else None
             self.rows, src = self._track(sampled, num, token_ids_cpu)
             out: list[list[int]] = [[] for _ in range(len(sampled_token_ids))]
             self._remember(*self._step(out, sampled, num, token_ids_cpu, src), token_ids_cpu)
@@ -267,8 +303,11 @@ class TreeDrafts:
         ended = fresh & ((fed < n - b.seen) | ((fed > 0) & (last[:, None] == self.eos_ids).any(1))
                          | (b.seen - b.plen + fed >= self.cap))
         for r in np.flatnonzero(ended).tolist():
-            self._end(b.seqs[r])
-        b.seen, b.done = np.where(fresh, n, b.seen), b.done | ended
+            if b.seqs[r].trajectory is None:  # a trajectory's turn ended: its next turn may follow
+                self._end(b.seqs[r])
+        # an ended row has taken its tokens up to its eos (vLLM may have kept drafts past it):
+        # a trajectory's next turn goes on from there
+        b.seen, b.done = np.where(ended, b.seen + fed, np.where(fresh, n, b.seen)), b.done | ended
 
     def _draft(self, b: _Rows, out: list, sampled: np.ndarray) -> None:
         """A draft for every row that sampled and takes more tokens, in its `out` slot; a row's
@@ -309,7 +348,8 @@ class TreeDrafts:
             idle = self.clock.idle(self.groups.commit_seconds if seconds is None else seconds)
             if idle and (self.rows or self.away or self.groups.waiting):
                 for s in self.rows.values():
-                    self._end(s)
+                    if s.trajectory is None:  # a driver's trajectories may be waiting for a tool
+                        self._end(s)
                 self._end_all(self.away)
                 self.flush()
 
@@ -324,6 +364,7 @@ class TreeDrafts:
         with self.lock:
             self._end_all(self.rows)
             self._end_all(self.away)
+            self._end_all(self.trajectories)
             self._forget()
             self.flush()
             self.c.groups, self.c.hits = self.trees.loaded, self.trees.hits

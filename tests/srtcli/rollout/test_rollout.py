@@ -173,7 +173,7 @@ def test_tools_flag_runs_end_to_end(tmp_path, model_dir):
 
 
 def test_one_step_per_model_turn_with_tool_output_untrained(tmp_path):
-    from srtcli.rollout.embedded import sample_of
+    from srtcli.rollout.steps import sample_of
     from srtcli.rollout.engine.sequence import Sequence
     from srtcli.pool import parse_step
     from srtcli.rollout.steps import turn_steps

@@ -18,7 +18,7 @@ from srtcli.tree_cache import TreeCache
 from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_length
 from srtcli.rollout.drafters.group_trees import DEPTH
 from srtcli.rollout.vllm.settings import ProposerSettings
-from srtcli.rollout.vllm.row_tracking import TAIL, gather_tails
+from srtcli.rollout.vllm.row_tracking import TAIL, gather_tails, parse_turn_request, turn_request_id
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from tests.srtcli.rollout.context_drafts import context_draft
 
@@ -59,7 +59,7 @@ class WholeRowTracking(TreeDrafts):
         for i in range(len(sampled)):
             if i in cur or not sampled[i]:  # sampled: each row's number of sampled tokens
                 continue
-            cur[i] = self._arrived(free, ids[i], int(num[i]), int(sampled[i]))
+            cur[i] = self._arrived(free, ids[i], int(num[i]), int(sampled[i]), i)
         for s in free.values():
             self._left(s)
         return cur, None
@@ -296,3 +296,42 @@ def test_a_rows_tail_is_the_tokens_just_before_its_length(short):
         want = np.array([[ids[i, max(p, 0)] for p in range(n - TAIL, n)] for i, n in zip(slots, seen)])
         got = gather_tails(ids, slots, seen)
         assert got.dtype == ids.dtype and np.array_equal(got, want)
+
+
+def test_a_drivers_turns_are_one_sequence_of_the_original_prompt(tmp_path):
+    """With tools the driver sends each model turn as a request named by `turn_request_id`: the
+    next turn (prompt + turn 1 + tool output) takes the row the last turn held and holds the
+    same tokens before it, yet it continues the trajectory, not the finished row; it drafts from
+    the original prompt's tree and the tool output between the turns is fed as read. Without the
+    names (a drop-in speculator) the second turn is a new prompt: the conversation so far."""
+    p, turn1, tool, turn2 = [11, 12], [20, 21, 22, EOS], [30, 31, EOS, 32], [40, 41, EOS]
+
+    def run(named: bool, tool_step: bool = True) -> dict:
+        names = ["x"]
+        store = LmdbSequenceStore.open(tmp_path / f"{named}-{tool_step}")
+        d = TreeDrafts(ProposerSettings(None, None, [EOS], adaptive=True, fingerprint=FP), 4, WIDTH - 8,
+                       cache=TreeCache(store), request_ids=(lambda: names) if named else None)
+        ids = np.zeros((1, WIDTH), dtype=np.int64)
+        uid = prompt_uid(p, FP)
+        for turn, (before, new) in enumerate([(p, turn1), (p + turn1 + tool, turn2)]):
+            names[0] = turn_request_id(uid, 0, len(p), turn)
+            row = before + new
+            ids[0, : len(row)] = row
+            d.propose([new], np.array([len(row)]), ids)  # the turn, sampled in one step
+            if tool_step:
+                d.propose([], np.zeros(0, dtype=np.int64), ids[:0])  # a step while the tool runs
+        d.finish()
+        with store:
+            return stored(store)
+
+    for tool_step in (True, False):
+        trees = run(True, tool_step)
+        assert trees == {prompt_uid(p, FP): [tuple([p[-1]] + turn1 + tool + turn2)]}  # tool output as read
+    assert prompt_uid(p + turn1 + tool, FP) in run(named=False)  # what the names are for
+
+
+def test_a_turn_request_id_names_its_trajectory_and_prompt():
+    rid = turn_request_id("abc", 3, 17, 2)
+    assert parse_turn_request(rid) == ("abc:3", 17)
+    assert parse_turn_request(rid + "-0f3a") == ("abc:3", 17)  # vLLM may add its own suffix
+    assert parse_turn_request("0") is None and parse_turn_request("srt-turn:abc") is None

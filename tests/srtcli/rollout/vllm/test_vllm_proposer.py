@@ -236,8 +236,7 @@ def test_refuses_speculative_sampling_on_cpu_only():
     assert refusal(_opts(temperature=1.0, draft="none"), on_cpu=True) is None
     assert refusal(_opts(temperature=1.0, budget=0), on_cpu=True) is None
     assert refusal(_opts(temperature=1.0), on_cpu=False) is None
-    assert "tools" in refusal(_opts(tools="calculator"), on_cpu=False)
-    assert refusal(_opts(tools="none"), on_cpu=False) is None
+    assert refusal(_opts(tools="calculator"), on_cpu=False) is None  # agent rollouts run on vLLM too
     assert "ngram, suffix or none" in refusal(_opts(draft="other"), on_cpu=False)
     for vllm_method in ("ngram", "suffix"):  # vLLM's own proposers
         assert refusal(_opts(draft=vllm_method), on_cpu=False) is None
