@@ -133,32 +133,34 @@ def pad_head_dim(src: Path, out: Path, head_dim: int = 64) -> Path:
     model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
     cfg = model.config
     old = cfg.head_dim
-    half, new_half = old // 2, head_dim // 2
     new_cfg = cfg.to_dict()
     new_cfg["head_dim"] = head_dim
     new_cfg["rope_parameters"] = {**cfg.rope_parameters, "rope_theta": cfg.rope_parameters["rope_theta"] ** (head_dim / old)}
     wide = type(model)(type(cfg).from_dict(new_cfg))
-    state = model.state_dict()
-    for name, w in list(state.items()):
-        if name.endswith(("q_proj.weight", "k_proj.weight")):
-            heads = w.view(-1, old, w.shape[-1])
-            grown = heads.new_zeros(heads.shape[0], head_dim, w.shape[-1])
-            grown[:, :half], grown[:, new_half:new_half + half] = heads[:, :half], heads[:, half:]
-            scale = (head_dim / old) ** 0.5 if name.endswith("q_proj.weight") else 1.0
-            state[name] = (grown * scale).reshape(-1, w.shape[-1])
-        elif name.endswith("v_proj.weight"):
-            heads = w.view(-1, old, w.shape[-1])
-            grown = heads.new_zeros(heads.shape[0], head_dim, w.shape[-1])
-            grown[:, :old] = heads
-            state[name] = grown.reshape(-1, w.shape[-1])
-        elif name.endswith("o_proj.weight"):
-            heads = w.view(w.shape[0], -1, old)
-            grown = heads.new_zeros(w.shape[0], heads.shape[1], head_dim)
-            grown[:, :, :old] = heads
-            state[name] = grown.reshape(w.shape[0], -1)
+    state = {name: widened(name, w, old, head_dim) for name, w in model.state_dict().items()}
     wide.load_state_dict(state)
     wide.save_pretrained(out)
     for f in src.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "generation_config", "chat_template")):
             shutil.copy(f, out / f.name)
     return out
+
+
+def widened(name: str, w: torch.Tensor, old: int, head_dim: int) -> torch.Tensor:
+    """One weight of `pad_head_dim`'s copy: attention projections widened per head, the rest as is."""
+    if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+        heads = w.view(-1, old, w.shape[-1])
+        grown = heads.new_zeros(heads.shape[0], head_dim, w.shape[-1])
+        if name.endswith("v_proj.weight"):
+            grown[:, :old] = heads
+            return grown.reshape(-1, w.shape[-1])
+        half = old // 2  # each rotary pair (i, i + old/2) goes to (i, i + head_dim/2)
+        grown[:, :half], grown[:, head_dim // 2:head_dim // 2 + half] = heads[:, :half], heads[:, half:]
+        scale = (head_dim / old) ** 0.5 if name.endswith("q_proj.weight") else 1.0
+        return (grown * scale).reshape(-1, w.shape[-1])
+    if name.endswith("o_proj.weight"):
+        heads = w.view(w.shape[0], -1, old)
+        grown = heads.new_zeros(w.shape[0], heads.shape[1], head_dim)
+        grown[:, :, :old] = heads
+        return grown.reshape(w.shape[0], -1)
+    return w
