@@ -20,51 +20,15 @@ from click.testing import CliRunner
 from srtcli.cli import cli
 from srtcli.models import default_model_dir, load_tokenizer
 from srtcli.pool import read_pool
+from tests.srtcli.rollout.agent.tool_files import SLOW_TOOLS_PY
 
 ROOT = Path(__file__).resolve().parents[4]
-TOOLS_PY = '''
-import os, time
-from pathlib import Path
-from srtcli.rollout.agent.calculator import calculator as exact
-
-
-def calculator(expression: str) -> str:
-    """Evaluate an integer arithmetic expression exactly, slowly.
-
-    Args:
-        expression: the expression
-    """
-    marker = os.environ.get("SRT_TEST_MARKER")
-    if marker:
-        Path(marker).write_text(expression)
-    time.sleep(float(os.environ.get("SRT_TEST_SLEEP", "0.01")))
-    return exact(expression)
-
-
-class Arith:
-    """An environment whose reward is the share of calls that were exact."""
-
-    def reset(self, answer=None, **kwargs):
-        self.answer, self.calls = answer, []
-
-    def calculator(self, expression: str) -> str:
-        """Evaluate an integer arithmetic expression exactly.
-
-        Args:
-            expression: the expression
-        """
-        self.calls.append(exact(expression))
-        return self.calls[-1]
-
-    def get_reward(self) -> float:
-        return 1.0 if str(self.answer) in self.calls else 0.0
-'''
 
 
 @pytest.fixture()
 def tools_py(tmp_path):
     path = tmp_path / "slow_tools.py"
-    path.write_text(textwrap.dedent(TOOLS_PY))
+    path.write_text(textwrap.dedent(SLOW_TOOLS_PY))
     return path
 
 

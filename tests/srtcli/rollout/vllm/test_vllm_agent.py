@@ -2,8 +2,8 @@
 engine: the same pools token for token (every turn a step, tool output untrained), the same
 trajectories in the cache, with plain decoding and with SRT drafts (every turn drafting from its
 prompt's tree: a second run drafts most of each trajectory), for the agent model's chat-template
-calls and the bundled model's `<calc>` tags; an environment's rewards; tools that hang past their
-time limit, raise or return megabytes; the sandboxed `python` tool; a run killed during a tool
+calls and the bundled model's `<calc>` tags; an environment's rewards; the trajectory limits;
+tools that hang past their time limit, raise or return megabytes; the sandboxed `python` tool; a run killed during a tool
 call resumes to the uninterrupted pool.
 
 vLLM's CPU attention has no head size 40, the size of both tiny models: the tests run exact
@@ -34,28 +34,13 @@ from srtcli.rollout.driver import run_rollout  # noqa: E402
 from srtcli.rollout.embedded import EmbeddedBackend  # noqa: E402
 from srtcli.rollout.vllm.engine import VllmBackend, make_llm  # noqa: E402
 from srtcli.tiny_model import pad_head_dim  # noqa: E402
+from tests.srtcli.rollout.agent.tool_files import SLOW_TOOLS_PY  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[4]
 N_PROMPTS, K, MAX_NEW = 6, 2, 96
 AGENT_TOOLS = f"{ROOT / 'examples/agent/tools.py'}:TOOLS"
-TOOLS_PY = '''
-import os, time
-from pathlib import Path
-from srtcli.rollout.agent.calculator import calculator as exact
+TOOLS_PY = SLOW_TOOLS_PY + '''
 from srtcli.rollout.agent.sandbox import python
-
-
-def calculator(expression: str) -> str:
-    """Evaluate an integer arithmetic expression exactly.
-
-    Args:
-        expression: the expression
-    """
-    marker = os.environ.get("SRT_TEST_MARKER")
-    if marker:
-        Path(marker).write_text(expression)
-    time.sleep(float(os.environ.get("SRT_TEST_SLEEP", "0")))
-    return exact(expression)
 
 
 def faulty(expression: str) -> str:
@@ -80,25 +65,6 @@ def sandboxed(expression: str) -> str:
         expression: the expression
     """
     return python(f"print(int({expression}))").strip()
-
-
-class Arith:
-    """An environment whose reward is 1 if a call returned the answer."""
-
-    def reset(self, answer=None, **kwargs):
-        self.answer, self.calls = answer, []
-
-    def calculator(self, expression: str) -> str:
-        """Evaluate an integer arithmetic expression exactly.
-
-        Args:
-            expression: the expression
-        """
-        self.calls.append(exact(expression))
-        return self.calls[-1]
-
-    def get_reward(self) -> float:
-        return 1.0 if str(self.answer) in self.calls else 0.0
 
 
 def as_calculator(fn):
@@ -229,6 +195,16 @@ def test_tools_that_hang_raise_or_return_megabytes(llms, models, prompts, tmp_pa
     tok = AutoTokenizer.from_pretrained(str(models["agent"]))
     decoded = " ".join(tok.decode(st.input_ids) for st in read_pool(v["pool"]) if st.meta.get("last"))
     assert "timed out" in decoded and "ValueError" in decoded and "[truncated]" in decoded, text[:200]
+
+
+def test_trajectory_limits_are_the_embedded_engines(llms, models, prompts, tmp_path):
+    """--max-turns, --max-tool-tokens and --max-context cut trajectories where the embedded engine does."""
+    config = opts(models["agent"], prompts, tmp_path / "p", None, draft="none", max_turns=1, max_tool_tokens=1,
+                  max_context=200)
+    v, e = both(llms["agent-none"], config, tmp_path, "limits")
+    assert steps(v["pool"]) == steps(e["pool"])
+    reasons = {st.meta["finish_reason"] for st in read_pool(v["pool"])}
+    assert "max_turns" in reasons or "length" in reasons
 
 
 def test_the_sandboxed_python_tool_runs_under_the_vllm_driver(llms, models, prompts, tmp_path, tools_py):
