@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from srtcli.errors import SrtError
+from srtcli.rollout.agent.setup import ToolOptions
 from srtcli.rollout.config import TREE_ATTENTION, RolloutConfig
 from srtcli.rollout.driver import GroupWriter
 from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
@@ -90,7 +91,7 @@ class EmbeddedBackend:
         c = self.config
         self.run_ahead = c.run_ahead_on(self.device_type)
         self.slots = engine_slots(c.batch_size, pl.per, len(pl.todo), len(pl.prompts), c.k, self.run_ahead)
-        room = self.agent.room(c) if self.agent else 64
+        room = self.agent.room(ToolOptions.of(c)) if self.agent else 64
         self.max_len = min(self.ctx, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + room)
         check_kv_fits(self.model, self.slots, self.max_len)  # before the cache dir is opened
 
@@ -104,7 +105,7 @@ class EmbeddedBackend:
         eos = eos_ids(self.tok, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
         stop_fn = turn_end = None
         if self.agent is not None:
-            self.hooks = self.agent.hooks(self.tok, c, {p.id: p.record for p in pl.prompts}, set(eos))
+            self.hooks = self.agent.hooks(self.tok, ToolOptions.of(c), {p.id: p.record for p in pl.prompts}, set(eos))
             stop_fn, turn_end = self.hooks.stop, self.hooks.turn_end
         self.engine = Engine(model, SamplingParams(c.temperature, c.top_p, c.top_k), self.drafter,
                              slots=self.slots, budget=c.budget if c.draft != "none" else 0, max_len=self.max_len,

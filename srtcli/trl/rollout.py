@@ -50,7 +50,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 from srtcli.rollout.config import adaptive_default
@@ -89,15 +88,12 @@ class SrtRollout:
                  draft_mode: str, min_prob: float, adaptive: bool | None, tail_nodes: int,
                  tools: str | None = None, max_turns: int | None = None, max_tool_tokens: int | None = None,
                  tool_timeout: float | None = None, tool_workers: int | None = None):
-        from srtcli.rollout.config import RolloutConfig as Defaults
+        from srtcli.rollout.agent.setup import ToolOptions
 
         self.tools = tools
-        self.tool_options = SimpleNamespace(  # what srt's agent setup reads of a RolloutConfig
-            max_turns=max_turns if max_turns is not None else Defaults.max_turns,
-            max_tool_tokens=max_tool_tokens if max_tool_tokens is not None else Defaults.max_tool_tokens,
-            tool_timeout=tool_timeout if tool_timeout is not None else Defaults.tool_timeout,
-            tool_workers=tool_workers if tool_workers is not None else Defaults.tool_workers,
-            reward_spec=None)
+        given = {"max_turns": max_turns, "max_tool_tokens": max_tool_tokens, "tool_timeout": tool_timeout,
+                 "tool_workers": tool_workers}
+        self.tool_options = ToolOptions(**{k: v for k, v in given.items() if v is not None})
         self._agents: dict[int, Any] = {}
         self.cache_location = cache
         self.budget, self.draft, self.slots, self.seed = budget, draft, slots, seed

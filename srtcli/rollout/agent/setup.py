@@ -17,9 +17,28 @@ from srtcli.rollout.agent.formats import CallFormat, ChatFormat, TagFormat, chat
 from srtcli.rollout.agent.hooks import AgentHooks, TurnLimits
 from srtcli.rollout.agent.runner import ToolRunner
 from srtcli.rollout.agent.toolset import ToolSet, load_tools
+from srtcli.rollout.config import RolloutConfig
 
 TAG_ROOM = 64  # context beyond --max-new-tokens for the tag format's short results
 TURN_OVERHEAD = 32  # template tokens around one tool result (tool turn, next assistant turn)
+
+
+@dataclass(frozen=True)
+class ToolOptions:
+    """What the tool side reads of a run's options (`srt rollout`'s flags of these names; its
+    defaults)."""
+
+    max_turns: int = RolloutConfig.max_turns
+    max_tool_tokens: int = RolloutConfig.max_tool_tokens
+    tool_timeout: float = RolloutConfig.tool_timeout
+    tool_workers: int = RolloutConfig.tool_workers
+    reward_spec: str | None = None  # an explicit reward: an environment's `get_reward` is then unused
+
+    @classmethod
+    def of(cls, config: RolloutConfig) -> ToolOptions:
+        """A `RolloutConfig`'s."""
+        return cls(config.max_turns, config.max_tool_tokens, config.tool_timeout, config.tool_workers,
+                   config.reward_spec)
 
 
 @dataclass
@@ -34,17 +53,17 @@ class AgentSetup:
         """What the prompts show the model (the tag format shows nothing)."""
         return self.tools.schemas if isinstance(self.fmt, ChatFormat) else None
 
-    def room(self, config: Any) -> int:
+    def room(self, opts: ToolOptions) -> int:
         """Context a trajectory may need beyond its prompt and --max-new-tokens."""
         if isinstance(self.fmt, TagFormat):
             return TAG_ROOM
-        return config.max_turns * (config.max_tool_tokens + TURN_OVERHEAD)
+        return opts.max_turns * (opts.max_tool_tokens + TURN_OVERHEAD)
 
-    def hooks(self, tok: Any, config: Any, records: dict[str, dict], eos_ids: set[int]) -> AgentHooks:
-        runner = ToolRunner(config.tool_workers, config.tool_timeout)
-        limits = TurnLimits(config.max_turns, config.max_tool_tokens)
+    def hooks(self, tok: Any, opts: ToolOptions, records: dict[str, dict], eos_ids: set[int]) -> AgentHooks:
+        runner = ToolRunner(opts.tool_workers, opts.tool_timeout)
+        limits = TurnLimits(opts.max_turns, opts.max_tool_tokens)
         return AgentHooks(tok, self.fmt, self.tools, runner, limits, records, eos_ids,
-                          env_reward=config.reward_spec is None)
+                          env_reward=opts.reward_spec is None)
 
 
 def agent_for(spec: str, tok: Any) -> AgentSetup | None:

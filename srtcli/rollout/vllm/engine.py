@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from srtcli.errors import SrtError
+from srtcli.rollout.agent.setup import ToolOptions
 from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.driver import GroupWriter
 from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
@@ -180,7 +181,7 @@ class VllmBackend:
 
     def check(self, pl: Plan) -> None:
         c = self.config  # a trajectory's length as the embedded engine bounds it (vLLM sized its memory at start)
-        room = self.agent.room(c) if self.agent else 64
+        room = self.agent.room(ToolOptions.of(c)) if self.agent else 64
         self.max_len = min(self.max_len, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + room)
 
     def start(self, pl: Plan, cache: Any) -> None:
@@ -207,7 +208,7 @@ class VllmBackend:
             check_fingerprint(worker, tokenizer_fingerprint(self.tok), self.model_dir)
         self.before = spec_metrics(self.llm)
         if self.agent is not None:
-            self.hooks = self.agent.hooks(self.tok, c, {p.id: p.record for p in pl.prompts}, self.eos)
+            self.hooks = self.agent.hooks(self.tok, ToolOptions.of(c), {p.id: p.record for p in pl.prompts}, self.eos)
 
     def generate(self, pl: Plan, groups: GroupWriter) -> None:
         if self.hooks is not None:
