@@ -31,7 +31,7 @@ from srtcli.rollout.vllm.row_tracking import turn_request_id
 
 WAIT_S = 0.02  # longest sleep while every trajectory waits for a tool (a call's time limit may fall due)
 # (trajectory, its request number, stop token ids, max tokens) -> vLLM SamplingParams
-ParamsFor = Callable[[Sequence, int, list[str], int], Any]
+ParamsFor = Callable[[Sequence, int, list[int], int], Any]
 
 
 class TurnLoop:
