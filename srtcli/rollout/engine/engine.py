@@ -50,12 +50,11 @@ from srtcli.rollout.engine.kv_memory import check_kv_fits
 from srtcli.rollout.engine.sampling import SamplingParams, sample
 from srtcli.rollout.engine.sequence import EngineStats, Sequence, StopFn, TurnEndFn
 from srtcli.rollout.engine.kv_cache import SlotKVCache, register_slot_attention
-from srtcli.rollout.engine.stops import add_tool_output, append_generated, cut_emitted, end_turn
+from srtcli.rollout.engine.stops import WAIT_S, append_generated, cut_emitted, end_turn, take_tool_output
 from srtcli.rollout.engine.tree_verify import verify_trees
 from srtcli.rollout.engine.verify import verify_chains
 
 
-WAIT_S = 0.02  # longest sleep while every row waits for a tool (a call's time limit may fall due)
 # the most positions a step's tail trees fill: past a few hundred tokens a GPU forward is
 # compute-bound (bf16 peak FLOPs over memory bandwidth is ~200 tokens on an H100 or H200), so
 # a tree beyond that would cost more than the forward it saves
@@ -148,12 +147,9 @@ class Engine:
         """Rows whose tool output is ready take it and re-enter; those it ends are finished."""
         done = []
         for seq in self.active():
-            out = seq.pending.poll() if seq.pending is not None else None
-            if out is None:
-                continue
-            seq.pending = None
-            reason = out if isinstance(out, str) else add_tool_output(seq, out, self.max_len, self.drafter)
-            if reason is not None:
+            ready, reason = take_tool_output(seq, self.max_len, self.drafter) if seq.pending is not None \
+                else (False, None)
+            if ready and reason is not None:
                 seq.finish_reason = reason
                 self._release(seq)
                 done.append(seq)

@@ -15,6 +15,8 @@ from typing import Any
 
 from srtcli.rollout.engine.sequence import Sequence, StopFn, TurnEndFn
 
+WAIT_S = 0.02  # longest sleep while every row waits for a tool (a call's time limit may fall due)
+
 
 def cut_emitted(seq: Sequence, emitted: list[int], eos_ids: set[int], stop_fn: StopFn | None,
                 max_len: int) -> tuple[int, str | None]:
@@ -73,3 +75,13 @@ def add_tool_output(seq: Sequence, inject: list[int] | None, max_len: int, draft
             drafter.extend(seq, inject)
         return None
     return "length" if inject else "stop"
+
+
+def take_tool_output(seq: Sequence, max_len: int, drafter: Any) -> tuple[bool, str | None]:
+    """A sequence waiting for tool output: (whether it is ready, and then the finish reason it
+    gives, or None once it is appended and the next turn is open)."""
+    out = seq.pending.poll()
+    if out is None:
+        return False, None
+    seq.pending = None
+    return True, out if isinstance(out, str) else add_tool_output(seq, out, max_len, drafter)

@@ -26,10 +26,9 @@ from typing import Any
 
 from srtcli.rollout.agent.hooks import AgentHooks
 from srtcli.rollout.engine.sequence import Sequence
-from srtcli.rollout.engine.stops import add_tool_output, append_generated, cut_emitted, end_turn
+from srtcli.rollout.engine.stops import WAIT_S, append_generated, cut_emitted, end_turn, take_tool_output
 from srtcli.rollout.vllm.row_tracking import turn_request_id
 
-WAIT_S = 0.02  # longest sleep while every trajectory waits for a tool (a call's time limit may fall due)
 # (trajectory, its request number, stop token ids, max tokens) -> vLLM SamplingParams
 ParamsFor = Callable[[Sequence, int, list[int], int], Any]
 
@@ -100,13 +99,9 @@ class TurnLoop:
         """The waiting trajectories whose tool output is ready, with it appended (or finished)."""
         back = []
         for seq in list(waiting):
-            out = seq.pending.poll()
-            if out is None:
-                continue
-            waiting.remove(seq)
-            seq.pending = None
-            reason = out if isinstance(out, str) else add_tool_output(seq, out, self.max_len, None)
-            if reason is not None:
+            ready, reason = take_tool_output(seq, self.max_len, None)
+            if ready:
+                waiting.remove(seq)
                 seq.finish_reason = reason
-            back.append(seq)
+                back.append(seq)
         return back

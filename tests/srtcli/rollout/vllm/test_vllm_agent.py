@@ -36,8 +36,10 @@ from srtcli.rollout.vllm.engine import VllmBackend, make_llm  # noqa: E402
 from srtcli.tiny_model import pad_head_dim  # noqa: E402
 from tests.srtcli.rollout.agent.tool_files import SLOW_TOOLS_PY  # noqa: E402
 
+from tests.srtcli.rollout.vllm.conftest import N_PROMPTS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[4]
-N_PROMPTS, K, MAX_NEW = 6, 2, 96
+K, MAX_NEW = 2, 96
 AGENT_TOOLS = f"{ROOT / 'examples/agent/tools.py'}:TOOLS"
 TOOLS_PY = SLOW_TOOLS_PY + '''
 from srtcli.rollout.agent.sandbox import python
@@ -89,14 +91,6 @@ def tools_py(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tools") / "test_tools.py"
     path.write_text(textwrap.dedent(TOOLS_PY))
     return path
-
-
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory) -> Path:
-    lines = (ROOT / "examples/arith/prompts.jsonl").read_text().splitlines()[:N_PROMPTS]
-    p = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    p.write_text("\n".join(lines) + "\n")
-    return p
 
 
 def opts(model: Path, prompts: Path, out: Path, cache: Path | None, **kw) -> RolloutConfig:
@@ -226,7 +220,8 @@ def test_a_run_killed_during_a_tool_call_resumes_to_the_uninterrupted_pool(model
     marker = tmp_path / "in-a-call"
     env = {**os.environ, "SRT_TEST_SLEEP": "0.5", "SRT_TEST_MARKER": str(marker)}
     log = (tmp_path / "log").open("w")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    # its own process group, killed whole: vLLM's engine processes die with it (else they outlive the test)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     pool = tmp_path / "cut" / "rollout.jsonl"
     deadline = time.monotonic() + 240
     while not pool.is_file() or pool.stat().st_size == 0:  # the first batch is written
@@ -236,7 +231,7 @@ def test_a_run_killed_during_a_tool_call_resumes_to_the_uninterrupted_pool(model
     while not marker.exists():  # a tool call of a later batch is running now
         assert time.monotonic() < deadline and proc.poll() is None, (tmp_path / "log").read_text()[-3000:]
         time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
+    os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     kept = len(read_pool(tmp_path / "cut"))
     assert 0 < kept < len(read_pool(whole["pool"]))

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow  # vLLM engines take 30-50 s each to start on CPU
 
 from srtcli.cli.rollout import rollout  # noqa: E402
 
-from tests.srtcli.rollout.vllm.test_vllm_engine import model_dir, prompts  # noqa: E402,F401  (module fixtures)
+from tests.srtcli.rollout.vllm.test_vllm_engine import model_dir  # noqa: E402,F401  (a module fixture; prompts: conftest)
 
 ROOT = Path(__file__).resolve().parents[4]
 

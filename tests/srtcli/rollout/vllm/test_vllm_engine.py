@@ -32,21 +32,15 @@ from srtcli.rollout.driver import run_rollout  # noqa: E402
 from srtcli.rollout.vllm.engine import VllmBackend, make_llm  # noqa: E402
 from tests.srtcli.rollout.engine.support import make_head32_model_dir  # noqa: E402
 
+from tests.srtcli.rollout.vllm.conftest import N_PROMPTS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[4]
-N_PROMPTS, K, MAX_NEW = 6, 3, 40
+K, MAX_NEW = 3, 40
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     return make_head32_model_dir(tmp_path_factory.mktemp("m32"))
-
-
-@pytest.fixture(scope="module")
-def prompts(tmp_path_factory) -> Path:
-    lines = (ROOT / "examples/arith/prompts.jsonl").read_text().splitlines()[:N_PROMPTS]
-    p = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    p.write_text("\n".join(lines) + "\n")
-    return p
 
 
 def opts(model_dir: Path, prompts: Path, tmp: Path, **kw) -> RolloutConfig:
