@@ -13,8 +13,10 @@ is given to, so the global tree of past responses is kept across epochs, as srt'
 Parameters are vLLM's defaults for `method="suffix"` (vllm/config/speculative.py):
 `suffix_decoding_max_tree_depth=24`, `suffix_decoding_max_cached_requests=10000` (FIFO
 eviction past that), `suffix_decoding_max_spec_factor=1.0`, `suffix_decoding_min_token_prob=0.1`;
-at most the engine's draft length (the bench's `--budget`, or the adaptive length) per
-speculation. Drafts are deterministic, verified as point masses; where the engine asks for a tree
+at most the engine's draft length (the bench's `--budget`) per speculation: its own length
+rule, as vLLM runs it (bench config `arctic`, the engine's `--draft-length fixed`), or cut by
+srt's cost rule (`arctic-cost`), which judges each token by the probability SuffixDecoding gives
+it. Drafts are deterministic, verified as point masses; where the engine asks for a tree
 (its tail trees) it gets SuffixDecoding's own speculation tree (`use_tree_spec=True`).
 
 Measured against srt by (with the `bench` extra, `pip install -e '.[bench]'`; without it the
@@ -61,7 +63,7 @@ class ArcticDrafter(Drafter):
     def propose(self, seq: Any, budget: int) -> Proposal:
         draft = self.cache.speculate(seq.drafter_state, seq.tokens[-self.depth:], max_spec_tokens=budget,
                                      max_spec_factor=self.spec_factor, min_token_prob=self.min_prob)
-        return Proposal(list(draft.token_ids))
+        return Proposal(list(draft.token_ids), conf=list(draft.probs))
 
     def propose_tree(self, seq: Any, nodes: int) -> Proposal:
         """Its own speculation tree (`use_tree_spec`), for the engine's tail trees: the same

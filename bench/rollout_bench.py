@@ -29,7 +29,9 @@ and probabilities, and the ceiling and HF generate use the last policy.
 `--repeat N` then runs each config's last epoch N more times, configs interleaved, each from a
 copy of its cache before that epoch and with the same seed: the same work every round (the same
 tokens and forwards), so only the time differs, and a drift of the machine's speed hits the
-configs of one round alike. A drafter whose cache lives in the drafter object (`arctic`) is
+configs of one round alike. Under the cost rule (`srt`, `arctic-cost`: the default draft
+length) the cuts follow the engine's timings, so its rounds draw other samples of the same
+distribution: comparable work, not the same. A drafter whose cache lives in the drafter object (`arctic`) is
 built afresh and warmed with the earlier epochs each round (untimed). Printed: each config's
 median wall and model time, the median over rounds of each round's ratio to `none` (and srt's
 to `arctic`), and the ratio of the configs' fastest rounds (a drift only ever adds time): the
@@ -92,26 +94,28 @@ CONFIGS = {
     "srt+run-ahead": dict(draft="srt", run_ahead=True),
     "srt-greedy": dict(draft="srt", run_ahead=False, draft_mode="greedy"),
     "srt-counts": dict(draft="srt", run_ahead=False, draft_stop=False),  # children by count, no stop
-    "srt-fixed": dict(draft="srt", run_ahead=False, adaptive=False),
+    "srt-fixed": dict(draft="srt", run_ahead=False, draft_length="fixed"),
     "srt-prompt-only": dict(draft="srt", run_ahead=False, shared_tree=False),
     "srt-tree": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=2),
     "srt-tree-wide": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=4),
     "srt-tree-48": dict(draft="srt", run_ahead=False, draft_mode="tree", budget_scale=6),  # not in the defaults
-    "srt-adaptive": dict(draft="srt", run_ahead=False, adaptive=True),
-    "arctic": dict(draft="arctic", run_ahead=False),  # bench/arctic_drafter.py, not an srt --draft
+    "srt-adaptive": dict(draft="srt", run_ahead=False, draft_length="adaptive"),
+    # bench/arctic_drafter.py, not an srt --draft: its own draft lengths, as vLLM runs it, and under
+    # srt's cost rule
+    "arctic": dict(draft="arctic", run_ahead=False, draft_length="fixed"),
+    "arctic-cost": dict(draft="arctic", run_ahead=False),
     # the engine's tail trees forced on (64 nodes) or off; the others take the device's default
     # (on with CUDA, off on a CPU); not in the default list
     "srt-tail": dict(draft="srt", run_ahead=False, tail_nodes=64),
     "srt-no-tail": dict(draft="srt", run_ahead=False, tail_nodes=0),
     "srt+run-ahead-no-tail": dict(draft="srt", run_ahead=True, tail_nodes=0),
-    "arctic-tail": dict(draft="arctic", run_ahead=False, tail_nodes=64),
-    "arctic-no-tail": dict(draft="arctic", run_ahead=False, tail_nodes=0),
+    "arctic-tail": dict(draft="arctic", run_ahead=False, draft_length="fixed", tail_nodes=64),
+    "arctic-no-tail": dict(draft="arctic", run_ahead=False, draft_length="fixed", tail_nodes=0),
 }
 TAIL_CONFIGS = ("srt-tail", "srt-no-tail", "srt+run-ahead-no-tail", "arctic-tail", "arctic-no-tail")
-# `srt` takes the device's default draft length (adaptive on CPU, fixed on CUDA): the default
-# list adds the other policy beside it
-DEFAULT_CONFIGS = {dev: [n for n in CONFIGS if n not in (other, "srt-tree-48", *TAIL_CONFIGS)]
-                   for dev, other in (("cpu", "srt-adaptive"), ("cuda", "srt-fixed"))}
+# `srt` takes the default draft length (the cost rule) on every device: the default list puts
+# the adaptive and fixed lengths beside it
+DEFAULT_CONFIGS = {dev: [n for n in CONFIGS if n not in ("srt-tree-48", *TAIL_CONFIGS)] for dev in ("cpu", "cuda")}
 
 
 def model_dir(arg: str | None, work: Path) -> Path:
@@ -201,7 +205,7 @@ def options(args, cfg: dict, model: Path, prompts: Path, cache: Path, out: Path)
                 rollout_batch=args.rollout_batch, admission=args.admission, run_ahead=cfg["run_ahead"],
                 run_ahead_tokens=args.run_ahead_tokens, tools=tool_spec(args),
                 reward=None, device=args.device, threads=args.threads, resume=False,
-                adaptive_budget=False if args.fixed_budget else cfg.get("adaptive"),
+                draft_length="fixed" if args.fixed_budget else cfg.get("draft_length", "cost"),
                 shared_tree=cfg.get("shared_tree", True), draft_stop=cfg.get("draft_stop", True),
                 tail_nodes=cfg.get("tail_nodes"))
 
@@ -277,11 +281,12 @@ def main() -> None:
     ap.add_argument("--run-ahead-tokens", type=int, default=32)
     ap.add_argument("--tools", action="store_true", help="run the calculator tool")
     ap.add_argument("--agent", action="store_true", help="the agent workload: examples/agent/model and its tools")
-    ap.add_argument("--fixed-budget", action="store_true", help="no adaptive draft length for any config")
+    ap.add_argument("--fixed-budget", action="store_true", help="every config drafts its whole budget "
+                    "(--draft-length fixed)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for every config and HF generate "
                     "(0 = torch's default)")
     ap.add_argument("--device", choices=("cpu", "cuda", "auto"), default="cpu",
-                    help="embedded engine's device (the draft-length default follows it: adaptive on CPU)")
+                    help="embedded engine's device")
     ap.add_argument("--configs", help=f"any of {','.join(CONFIGS)} (default: all but the one equal to srt on "
                     f"the device; vllm: {','.join(VLLM_CONFIGS)})")
     ap.add_argument("--seed", type=int, default=0)
@@ -431,7 +436,8 @@ def repeat_last_epoch(rounds: int, epochs: int, work: Path, run: Callable[[str, 
             elif (work / f"cache-{name}-before-last").exists():
                 shutil.copytree(work / f"cache-{name}-before-last", cache)
             s = run(name, epochs, cache, work / f"repeat-pool-{name}-{r}", drafter)
-            if s["target_forwards"] != forwards[name]:
+            timed = CONFIGS[name]["draft"] != "none" and CONFIGS[name].get("draft_length", "cost") == "cost"
+            if s["target_forwards"] != forwards[name] and not timed:
                 print(f"{name}: round {r + 1} took {s['target_forwards']} forwards, the last epoch "
                       f"{forwards[name]}: not the same work")
             out[name].append(s)
@@ -440,7 +446,9 @@ def repeat_last_epoch(rounds: int, epochs: int, work: Path, run: Callable[[str, 
 
 
 def wall(s: dict) -> float:
-    return s["wall_s"]
+    """Wall seconds per generated token: two configs sampling at temperature > 0 draw different
+    samples (drafting changes which random numbers each draw uses), so they compare by rate."""
+    return s["wall_s"] / s["generated_tokens"]
 
 
 def round_ratios(num: list[dict], den: list[dict], key: Callable[[dict], float] = wall) -> list[float]:
@@ -468,15 +476,18 @@ def report_repeat(out: dict[str, list[dict]], epochs: int) -> None:
         return host_cost(s)[1]
 
     def model(s: dict) -> float:
-        return s["model_s"]
+        return s["model_s"] / s["generated_tokens"]
+
+    def seconds(ss: list[dict], key: str, pick: Callable = statistics.median) -> float:
+        return pick(s[key] for s in ss)
 
     rounds = len(next(iter(out.values())))
-    print(f"\nepoch {epochs} repeated {rounds}x, configs interleaved, same work every round: median "
-          "(per-round ratios: median [min-max])")
+    print(f"\nepoch {epochs} repeated {rounds}x, configs interleaved, same work every round (the cost rule's: "
+          "comparable work): median (per-round ratios of tokens per second: median [min-max])")
     for name, ss in out.items():
-        line = (f"{name:16s} forwards {ss[0]['target_forwards']:4d}  wall {statistics.median(map(wall, ss)):6.2f}s"
-                f"  model {statistics.median(map(model, ss)):6.2f}s  host/forward "
-                f"{statistics.median(map(host_ms, ss)):5.2f} ms  (fastest round: wall {min(map(wall, ss)):5.2f}s)")
+        line = (f"{name:16s} forwards {ss[0]['target_forwards']:4d}  tokens {ss[0]['generated_tokens']:6d}  wall "
+                f"{seconds(ss, 'wall_s'):6.2f}s  model {seconds(ss, 'model_s'):6.2f}s  host/forward "
+                f"{statistics.median(map(host_ms, ss)):5.2f} ms  (fastest round: wall {seconds(ss, 'wall_s', min):5.2f}s)")
         if "none" in out and name != "none":
             none = out["none"]
             line += (f"  vs none: wall {spread(ss, none)}, fastest {fastest_ratio(ss, none):.2f}x  model "

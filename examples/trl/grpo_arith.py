@@ -38,18 +38,12 @@ from trl.chat_template_utils import qwen3_template
 
 from srtcli.models import default_model_dir
 from srtcli.rollout.agent.calculator import calculator
-from srtcli.rollout.rewards import exact_match
+from srtcli.trl.rewards import trl_reward
 from srtcli.trl.rollout import srt_rollout_func
 from srtcli.trl.trainer import PackedGRPOTrainer
 
 HERE = Path(__file__).resolve().parent
 AGENT_TOOLS = HERE.parent / "agent" / "tools.py"
-
-
-def correct(prompts, completions, answer, **kw) -> list[float]:
-    """TRL reward function: 1.0 where the completion's last <answer> equals the row's answer."""
-    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-    return [exact_match({"answer": a}, t) for a, t in zip(answer, texts)]
 
 
 def arith_dataset(path: Path, n: int) -> datasets.Dataset:
@@ -115,7 +109,7 @@ def build_trainer(rollout: str, model_name: str, out: Path, *, steps: int, promp
     ds = arith_dataset(HERE.parent / "arith" / "prompts.jsonl", prompts)
     if rollout == "srt":
         spec = None if not tools else ("calculator" if model_name == "bundled" else f"{AGENT_TOOLS}:TOOLS")
-        return PackedGRPOTrainer(model, correct, args=args, train_dataset=ds, processing_class=tok,
+        return PackedGRPOTrainer(model, trl_reward("exact_match"), args=args, train_dataset=ds, processing_class=tok,
                                  rollout_func=srt_rollout_func(cache=str(out / "cache"), tools=spec))
     trl_tools = None
     if tools and model_name == "agent":
@@ -123,7 +117,7 @@ def build_trainer(rollout: str, model_name: str, out: Path, *, steps: int, promp
         tok.response_template = qwen3_template  # the agent model calls tools as Qwen3 does: TRL parses them
     elif tools:
         print("TRL cannot parse the bundled model's <calc> tags: TRL runs without tools")
-    return GRPOTrainer(model, correct, args=args, train_dataset=ds, processing_class=tok, tools=trl_tools)
+    return GRPOTrainer(model, trl_reward("exact_match"), args=args, train_dataset=ds, processing_class=tok, tools=trl_tools)
 
 
 def main() -> None:

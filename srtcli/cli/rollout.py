@@ -19,6 +19,7 @@ from srtcli.cli.config import config_option
 from srtcli.errors import Interrupted
 from srtcli.rollout.config import RolloutConfig, default
 from srtcli.rollout.drafters import DRAFTERS
+from srtcli.rollout.drafters.draft_length import DRAFT_LENGTHS
 
 
 @click.command()
@@ -52,10 +53,12 @@ from srtcli.rollout.drafters import DRAFTERS
 @click.option("--load-tokens", type=click.IntRange(min=1), default=default("load_tokens"), show_default=True,
               help="srt: build a prompt's tree from its newest stored rollouts, up to this many tokens "
                    "(a load pauses the step that first needs the prompt, ~1 us per token; docs/cache.md).")
-@click.option("--adaptive-budget/--fixed-budget", default=default("adaptive_budget"),
-              help="Adapt each sequence's draft length to what it had accepted (<= --budget) "
-                   "[default: adaptive on CPU, where every verified token costs FLOPs; fixed with "
-                   "CUDA, where it cuts forwards (docs/rollout.md)].")
+@click.option("--draft-length", type=click.Choice(DRAFT_LENGTHS), default=default("draft_length"),
+              show_default=True,
+              help="How many of --budget draft tokens a row verifies: `cost`, those expected to save time, "
+                   "from the engine's own forward timings and the acceptance it gets (none when nothing "
+                   "pays); `adaptive`, by what the row last accepted; `fixed`, all. Sampled outputs are "
+                   "bit-reproducible from --seed only with adaptive or fixed (docs/rollout.md).")
 @click.option("--tail-nodes", type=click.IntRange(min=0), default=default("tail_nodes"),
               help="Embedded engine: a step verifies at most what a full batch of chains would (and at "
                    "most 512 positions); when "
@@ -95,8 +98,9 @@ from srtcli.rollout.drafters import DRAFTERS
               show_default=True, help="Seconds one tool call may run before it returns an error result.")
 @click.option("--tool-workers", type=click.IntRange(min=0), default=default("tool_workers"), show_default=True,
               help="Tool calls run at once, off the engine (0 = in the engine's thread: reproducible, slower).")
-@click.option("--reward", default=default("reward"), help="exact_match or MODULE:FN (default: exact_match when "
-              "every prompt has an `answer`, else 0).")
+@click.option("--reward", default=default("reward"), help="exact_match (<answer> tags), math_answer (a worked "
+              "solution's final number: after ####, in \\boxed{}, after 'answer is', else the last one) or "
+              "MODULE:FN (default: exact_match when every prompt has an `answer`, else 0).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=default("device"), show_default=True)
 @click.option("--threads", type=click.IntRange(min=0), default=default("threads"), show_default=True,
               help="CPU threads for torch (0 = torch's default).")

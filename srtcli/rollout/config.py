@@ -4,7 +4,7 @@ Field names are the command's parameter names (`-n` is `k`, `--prompts` is `prom
 `--cache` is `cache_opt`), and each default here is the command's default: the command line
 takes its defaults from this class, so a library caller and the command agree without repeating
 them. Rules that need more than one option, or the device, are methods (`tool`, `pool_file`,
-`adaptive`, `tail_trees`, `run_ahead_on`, `batch_prompts`).
+`proposer_adaptive`, `tail_trees`, `run_ahead_on`, `batch_prompts`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ TAIL_NODES = 64  # a tail tree's nodes at most (the engine's `tail_nodes`)
 
 
 def adaptive_default(device_type: str) -> bool:
-    """Adaptive draft lengths unless on CUDA: on a CPU verified tokens cost FLOPs and adapting
-    paid for itself; with CUDA they are nearly free and a fixed budget takes fewer forwards
-    (docs/benchmarks.md, "What each of srt's parts is worth")."""
+    """Where srt does not time the forwards itself (the vLLM proposer), adaptive draft lengths
+    unless on CUDA: on a CPU verified tokens cost FLOPs and adapting paid for itself; with CUDA
+    they are nearly free and a fixed budget takes fewer forwards (docs/benchmarks.md)."""
     return device_type != "cuda"
 
 
@@ -45,7 +45,7 @@ class RolloutConfig:
     shared_tree: bool = True
     draft_stop: bool = True
     load_tokens: int = LOAD_TOKENS  # tokens of a prompt's stored rollouts its tree is built from
-    adaptive_budget: bool | None = None  # None: by device (`adaptive`)
+    draft_length: str = "cost"  # cost | adaptive | fixed (srtcli.rollout.drafters.draft_length)
     tail_nodes: int | None = None  # None: by device and attention (`tail_trees`)
     cache_opt: str | None = None  # None: $SRT_CACHE or ~/.cache/srt
     out: str = "pool"
@@ -88,11 +88,12 @@ class RolloutConfig:
         """Whether the run drafts from (and writes to) the tree cache."""
         return self.draft == "srt"
 
-    def adaptive(self, device_type: str) -> bool:
-        """--adaptive-budget unless set, else `adaptive_default`."""
-        if self.adaptive_budget is not None:
-            return bool(self.adaptive_budget)
-        return adaptive_default(device_type)
+    def proposer_adaptive(self, device_type: str) -> bool:
+        """Whether the vLLM proposer adapts draft lengths: --draft-length adaptive, or `cost`
+        there, which it leaves to `adaptive_default` (vLLM's forwards are not srt's to time)."""
+        if self.draft_length == "cost":
+            return adaptive_default(device_type)
+        return self.draft_length == "adaptive"
 
     def tail_trees(self, device_type: str, attn: str) -> int:
         """--tail-nodes unless set: TAIL_NODES with CUDA where the model's attention can verify a

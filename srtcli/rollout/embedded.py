@@ -110,7 +110,7 @@ class EmbeddedBackend:
         self.engine = Engine(model, SamplingParams(c.temperature, c.top_p, c.top_k), self.drafter,
                              slots=self.slots, budget=c.budget if c.draft != "none" else 0, max_len=self.max_len,
                              eos_ids=set(eos), seed=c.seed, stop_fn=stop_fn, turn_end=turn_end,
-                             adaptive=c.adaptive(self.device_type),
+                             draft_length=c.draft_length,
                              tail_nodes=c.tail_trees(self.device_type, model.config._attn_implementation))
 
     def generate(self, pl: Plan, groups: GroupWriter) -> None:

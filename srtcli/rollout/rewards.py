@@ -1,4 +1,8 @@
-"""Reward functions for `srt rollout --reward`: the built-in `exact_match` and user functions.
+"""Reward functions for `srt rollout --reward`: the built-ins and user functions.
+
+Built-ins: `exact_match` (the bundled workload's `<answer>VALUE</answer>` tags) and
+`math_answer` (a worked solution's final number, read as math graders read it: after "####", in
+`\\boxed{}`, after "answer is", else the last number; the real-model workload's reward).
 
 A reward function is `fn(prompt_record: dict, completion_text: str) -> float`, where
 `prompt_record` is the prompt's line of the prompts file (it has `prompt`, `id` and, for the
@@ -23,6 +27,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from fractions import Fraction
 from typing import Any, Callable
 
 from srtcli.errors import SrtError, at
@@ -59,7 +64,47 @@ def exact_match(prompt_record: dict, completion_text: str) -> float:
 
 
 exact_match.needs = ("answer",)  # checked on every prompt before the rollout starts
-BUILTIN: dict[str, RewardFn] = {"exact_match": exact_match}
+
+# a number as math answers write it: a sign, digits with optional thousands commas, a decimal
+# part, or a fraction (3/4)
+_NUMBER = r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+)?|[-+]?\.\d+"
+_AFTER_HASHES = re.compile(r"####\s*\$?\s*(" + _NUMBER + ")")
+_BOXED = re.compile(r"\\boxed\s*\{\s*\$?\s*(" + _NUMBER + r")\s*\}")
+_ANSWER_IS = re.compile(r"answer\s+is\s*[:=]?\s*\$?\s*\**\s*(" + _NUMBER + ")", re.IGNORECASE)
+_ANY = re.compile(_NUMBER)
+
+
+def final_number(text: str) -> Fraction | None:
+    """The final answer of a worked solution, read the way math graders read it: the number after
+    the last "####", else in the last `\\boxed{}`, else after the last "answer is", else the last
+    number in the text; None if there is none."""
+    for pattern in (_AFTER_HASHES, _BOXED, _ANSWER_IS, _ANY):
+        found = pattern.findall(text)
+        if found:
+            return _as_number(found[-1])
+    return None
+
+
+def _as_number(text: str) -> Fraction | None:
+    try:
+        return Fraction(re.sub(r"[\s,]", "", text))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def math_answer(prompt_record: dict, completion_text: str) -> float:
+    """1.0 if the completion's final number (`final_number`) equals the record's `answer` as a
+    number (42, 42.0 and 84/2 are equal), else 0.0."""
+    if "answer" not in prompt_record:
+        pid = prompt_record.get("id", "?")
+        raise SrtError(f"math_answer: prompt {pid!r} has no 'answer' field")
+    want = _as_number(str(prompt_record["answer"]).strip())
+    got = final_number(completion_text)
+    return 1.0 if got is not None and got == want else 0.0
+
+
+math_answer.needs = ("answer",)
+BUILTIN: dict[str, RewardFn] = {"exact_match": exact_match, "math_answer": math_answer}
 
 
 def _no_reward(prompt_record: dict, completion_text: str) -> float:
@@ -117,4 +162,5 @@ def load_reward(spec: str) -> RewardFn:
     return _checked(spec, fn)
 
 
-__all__ = ["RewardFn", "BUILTIN", "exact_match", "extract_answer", "load_reward", "reward_for_prompts"]
+__all__ = ["RewardFn", "BUILTIN", "exact_match", "extract_answer", "final_number", "load_reward", "math_answer",
+           "reward_for_prompts"]

@@ -52,7 +52,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from srtcli.rollout.config import adaptive_default
 from srtcli.rollout.drafters.base import Drafter
 
 TRAINER_METRICS = ("accepted_per_forward", "draft_acceptance_rate", "cache_hit_rate")
@@ -60,7 +59,7 @@ TRAINER_METRICS = ("accepted_per_forward", "draft_acceptance_rate", "cache_hit_r
 
 def srt_rollout_func(cache: Any = None, *, budget: int = 8, draft: str | Drafter = "srt", slots: int = 64,
                      seed: int | None = None, draft_mode: str = "sample", min_prob: float = 0.1,
-                     adaptive: bool | None = None, tail_nodes: int = 0, tools: str | None = None,
+                     draft_length: str = "cost", tail_nodes: int = 0, tools: str | None = None,
                      max_turns: int | None = None, max_tool_tokens: int | None = None,
                      tool_timeout: float | None = None, tool_workers: int | None = None) -> SrtRollout:
     """A callable `f(prompts, trainer) -> dict` for `GRPOTrainer(rollout_func=f)`, with a `close()`.
@@ -70,12 +69,12 @@ def srt_rollout_func(cache: Any = None, *, budget: int = 8, draft: str | Drafter
     forward (0: plain decoding). `draft`: a drafter name (`srt`, `ngram`, `suffix`, `none`) or a
     `Drafter` object (used as is; its owner closes it). `slots`: engine rows at most. `seed`: the
     engine's sampling seed of the first call (the trainer's `args.seed` if None), plus one per
-    call. `adaptive`: adaptive draft length (default: off with CUDA, on elsewhere, as `srt
-    rollout`). `tools`: a `srt rollout --tools` spec (None: no tools); `max_turns`,
+    call. `draft_length`: how many of the budget's tokens a row verifies, as `srt rollout
+    --draft-length` (`cost`: those expected to save time). `tools`: a `srt rollout --tools` spec (None: no tools); `max_turns`,
     `max_tool_tokens`, `tool_timeout`, `tool_workers`: as `srt rollout`'s options of those names
     (their defaults when None)."""
     return SrtRollout(cache, budget=budget, draft=draft, slots=slots, seed=seed, draft_mode=draft_mode,
-                      min_prob=min_prob, adaptive=adaptive, tail_nodes=tail_nodes, tools=tools,
+                      min_prob=min_prob, draft_length=draft_length, tail_nodes=tail_nodes, tools=tools,
                       max_turns=max_turns, max_tool_tokens=max_tool_tokens, tool_timeout=tool_timeout,
                       tool_workers=tool_workers)
 
@@ -85,7 +84,7 @@ class SrtRollout:
     last call's counts (`last`: forwards, accepted per forward, cache hit rate, ...)."""
 
     def __init__(self, cache: Any, *, budget: int, draft: str | Drafter, slots: int, seed: int | None,
-                 draft_mode: str, min_prob: float, adaptive: bool | None, tail_nodes: int,
+                 draft_mode: str, min_prob: float, draft_length: str, tail_nodes: int,
                  tools: str | None = None, max_turns: int | None = None, max_tool_tokens: int | None = None,
                  tool_timeout: float | None = None, tool_workers: int | None = None):
         from srtcli.rollout.agent.setup import ToolOptions
@@ -97,7 +96,7 @@ class SrtRollout:
         self._agents: dict[int, Any] = {}
         self.cache_location = cache
         self.budget, self.draft, self.slots, self.seed = budget, draft, slots, seed
-        self.draft_mode, self.min_prob, self.adaptive, self.tail_nodes = draft_mode, min_prob, adaptive, tail_nodes
+        self.draft_mode, self.min_prob, self.draft_length, self.tail_nodes = draft_mode, min_prob, draft_length, tail_nodes
         self.cache: Any = None
         self.drafter: Drafter | None = None
         self.calls = 0
@@ -154,7 +153,6 @@ class SrtRollout:
         ctx = context_length(getattr(model.config, "max_position_embeddings", None), tok)
         room = agent.room(self.tool_options) if agent is not None else 0
         max_len = min(ctx, max(len(s.prompt_ids) for s in seqs) + max_new + room + 1)
-        adaptive = adaptive_default(model.device.type) if self.adaptive is None else self.adaptive
         seed = (self.seed if self.seed is not None else trainer.args.seed) + self.calls
         self.calls += 1
         left = Counter(s.group for s in seqs)  # samples of each group still running
@@ -172,7 +170,7 @@ class SrtRollout:
             with torch.no_grad():
                 engine = Engine(model, params, drafter, slots=max(1, min(self.slots, len(seqs))),
                                 budget=self.budget if self.draft != "none" else 0, max_len=max_len,
-                                eos_ids=set(trainer.eos_token_ids), seed=seed, adaptive=adaptive,
+                                eos_ids=set(trainer.eos_token_ids), seed=seed, draft_length=self.draft_length,
                                 tail_nodes=self.tail_nodes, stop_fn=hooks.stop if hooks else None,
                                 turn_end=hooks.turn_end if hooks else None)
                 run_batches(engine, [sample_major(seqs)], [[]], RunAhead(enabled=False), on_finished)

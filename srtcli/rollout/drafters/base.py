@@ -30,6 +30,9 @@ class Proposal:
     q: list[float] | None = None
     dists: list[dict[int, float]] | None = None
     parents: list[int] | None = None
+    # the drafter's confidence in each position, known before its token was drawn (one more
+    # entry for a drawn stop): what the engine's cost rule judges a draft by (`draft_cost`)
+    conf: list[float] | None = None
 
     @property
     def stopped(self) -> bool:
@@ -45,7 +48,8 @@ class Proposal:
         q = None if self.q is None else self.q[:n]
         dists = None if self.dists is None else self.dists[:n]
         parents = None if self.parents is None else self.parents[:n]
-        return Proposal(self.tokens[:n], q, dists, parents)
+        conf = None if self.conf is None else self.conf[:n]
+        return Proposal(self.tokens[:n], q, dists, parents, conf)
 
 
 class Drafter:

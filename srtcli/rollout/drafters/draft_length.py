@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
+# how the embedded engine chooses a row's draft length: `cost` verifies what is expected to
+# save time (srtcli.rollout.engine.draft_cost), `adaptive` follows the rule below, `fixed`
+# drafts the whole budget
+DRAFT_LENGTHS = ("cost", "adaptive", "fixed")
+
 # measured on the bundled workload (docs/benchmarks.md, "What each of srt's parts is worth"):
 # 1/8 to 1/2 of the slots all take fewer forwards than no tail rule, a quarter about the fewest,
 # at no cost in CPU wall time

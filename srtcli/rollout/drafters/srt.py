@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import random
+from operator import mul
 from typing import Any
 
 from cache_store.seqstore import LOAD_TOKENS
@@ -37,6 +38,14 @@ from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.group_trees import GroupTrees
 
 MODES = ("greedy", "sample", "tree")
+
+
+def concentration(dist: dict[int, float]) -> float:
+    """The confidence of a position drawn from `dist` ({token: q}), known before the draw: the
+    chance that two draws of its tokens agree, sum q^2 / sum q (1 for a single child)."""
+    q = dist.values()
+    total = sum(q)
+    return sum(map(mul, q, q)) / total if total > 0 else 0.0
 
 
 class SrtDrafter(Drafter):
@@ -70,10 +79,11 @@ class SrtDrafter(Drafter):
         if self.mode == "sample":
             toks, qs, dists = sample_draft(seq.drafter_state, budget, self.min_prob, self.rng.random,
                                            self.stop)
-            return Proposal(toks, qs, dists) if dists else Proposal([])
+            return Proposal(toks, qs, dists, conf=[concentration(d) for d in dists]) if dists else Proposal([])
         if self.mode == "tree":
             return self.propose_tree(seq, budget)
-        return Proposal(best_draft(seq.drafter_state, budget, self.min_prob)[1].tokens)
+        draft = best_draft(seq.drafter_state, budget, self.min_prob)[1]
+        return Proposal(draft.tokens, conf=draft.probs)
 
     def propose_tree(self, seq: Any, nodes: int) -> Proposal:
         """The best-first draft trees of the row's streams (its prompt's tree and the run-wide

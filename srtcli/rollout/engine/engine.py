@@ -13,8 +13,8 @@ How the pieces fit:
   would cost at least `PACK_MIN_PADDING` tokens or a row carries a draft tree, else padded.
   Both give bit-identical outputs (same seeds, same pools).
 - A row's input is its *pending* tokens (the last emitted token, a whole prompt for a fresh
-  slot, or tool output) followed by its draft. One forward gives the shaped target distribution
-  at every draft position; `srtcli.rollout.engine.verify` accepts a prefix and emits one more token.
+  slot, or tool output) followed by its draft. One forward gives the target's logits at every
+  draft position; `srtcli.rollout.engine.verify` accepts a prefix and emits one more token.
 - `Engine.step()` drafts for every live slot, runs one forward per bucket (decode rows and
   long prefill rows are separate so a long prompt does not pad every decode row), verifies,
   applies the stop rules (`srtcli.rollout.engine.stops`: EOS, max tokens, a tool stop via
@@ -24,8 +24,15 @@ How the pieces fit:
   copy its KV and sample their first token from the kept distribution after the prompt.
 - Tool calls (`turn_end`) may hand back output that is not ready (`Pending`): the row keeps its
   slot and KV cache but sits out of the forwards until `step` finds the output ready.
-- Adaptive draft length per sequence (`srtcli.rollout.drafters.draft_length`), from past
-  outcomes only, in a full batch; in the long tail every row drafts the whole budget.
+- How much of each draft is verified (`draft_length`): by default the cost rule
+  (`srtcli.rollout.engine.draft_cost`): every decode row drafts the whole budget and the step
+  keeps the tokens expected to save time, judged by the engine's own timed forwards and the
+  verdicts of earlier drafts; a step where no token could pay drafts nothing. Or the adaptive
+  length per sequence (`srtcli.rollout.drafters.draft_length`, from past outcomes only, the
+  whole budget in the long tail), or always the whole budget (`fixed`).
+- The target's distributions are read only where verification needs them
+  (`srtcli.rollout.engine.target.Target`): p(x) of each draft token, one whole distribution
+  per row.
 - Tree drafts (`Proposal.parents`, `srtcli.rollout.engine.tree_verify`): the nodes follow the
   pending tokens, each at the position of its depth and seeing only its ancestors (always a
   packed forward); verification walks one draw from p per node, and the accepted nodes' KV
@@ -40,11 +47,13 @@ How the pieces fit:
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 
 from srtcli.rollout.drafters.base import Drafter, Proposal
-from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_length
+from srtcli.rollout.drafters.draft_length import DRAFT_LENGTHS, in_the_tail, next_draft_length
+from srtcli.rollout.engine.draft_cost import DraftCost
 from srtcli.rollout.engine.forward import ForwardPass
 from srtcli.rollout.engine.kv_memory import check_kv_fits
 from srtcli.rollout.engine.sampling import SamplingParams, sample
@@ -76,12 +85,17 @@ class Engine:
         seed: int = 0,
         stop_fn: StopFn | None = None,
         turn_end: TurnEndFn | None = None,
-        adaptive: bool = True,
+        draft_length: str = "cost",
         tail_nodes: int = 0,
     ):
+        if draft_length not in DRAFT_LENGTHS:
+            raise ValueError(f"draft_length must be one of {', '.join(DRAFT_LENGTHS)}")
         self.drafter = drafter
         self.budget, self.max_len, self.eos_ids = budget, max_len, set(eos_ids)
-        self.stop_fn, self.turn_end, self.adaptive = stop_fn, turn_end, adaptive
+        self.stop_fn, self.turn_end = stop_fn, turn_end
+        self.adaptive = draft_length == "adaptive"
+        # the cost rule: draft what is expected to save time, measured as the engine runs
+        self.draft_cost = DraftCost() if draft_length == "cost" and budget > 0 else None
         self.tail_nodes = tail_nodes
         self.device = next(model.parameters()).device
         register_slot_attention()
@@ -132,16 +146,34 @@ class Engine:
         rows, followers = self._share_prompts(rows)
         nodes = self._tree_nodes(len(rows))
         tail = in_the_tail(len(rows), len(self.slots))
-        props = [self._propose(s, nodes, tail) for s in rows]
         # short pending runs (a tool result) ride with the decode rows; only long ones (a fresh
         # prompt) get their own forward, so they do not pad every decode row
         short = max(8, self.budget + 1)
-        decode = [i for i, s in enumerate(rows) if len(s.tokens) - s.cache_len <= short]
-        prefill = [i for i, s in enumerate(rows) if len(s.tokens) - s.cache_len > short]
-        for bucket in (decode, prefill):
-            if bucket:
-                done += self._run([rows[i] for i in bucket], [props[i] for i in bucket])
+        decode = [s for s in rows if len(s.tokens) - s.cache_len <= short]
+        prefill = [s for s in rows if len(s.tokens) - s.cache_len > short]
+        if decode:
+            done += self._run(decode, self._proposals(decode, nodes, tail), timed=True)
+        if prefill:
+            # a prompt's first draft would ride on its prefill, whose cost the rule does not model
+            props = [Proposal([]) if self.draft_cost else self._propose(s, nodes, tail) for s in prefill]
+            done += self._run(prefill, props)
         return done + self._follow(followers)
+
+    def _proposals(self, rows: list[Sequence], nodes: int, tail: bool) -> list[Proposal]:
+        """Each decode row's draft: under the cost rule the whole budget, cut to what is expected
+        to save time (`DraftCost`), and nothing at all when no draft could; else the adaptive
+        or fixed length (`_propose`)."""
+        if self.draft_cost is None:
+            return [self._propose(s, nodes, tail) for s in rows]
+        tokens, context = sum(len(s.tokens) - s.cache_len for s in rows), max(len(s.tokens) for s in rows)
+        if not self.draft_cost.worth_drafting(len(rows), tokens, context):
+            return [Proposal([]) for _ in rows]
+        props = [self._propose(s, nodes, tail=True) for s in rows]
+        chains = [r for r, pr in enumerate(props) if pr.parents is None]  # trees keep their nodes
+        cuts = self.draft_cost.cut(len(rows), tokens, context, [confidences(props[r]) for r in chains])
+        for r, n in zip(chains, cuts):
+            props[r] = props[r].truncate(n)
+        return props
 
     def _resume_waiting(self) -> list[Sequence]:
         """Rows whose tool output is ready take it and re-enter; those it ends are finished."""
@@ -238,20 +270,36 @@ class Engine:
             return
         seq.spec_len = next_draft_length(seq.spec_len, self.budget, drafted, a)
 
-    def _run(self, rows: list[Sequence], props: list[Proposal]) -> list[Sequence]:
-        p = self.forward_pass.run(rows, props)
-        for r, s in enumerate(rows):
-            if s.cache_len == 0:  # a prefill: remember p after this prompt for prefix sharing
-                self._prompts[tuple(s.tokens)] = (p[r, 0], [s])
+    def _run(self, rows: list[Sequence], props: list[Proposal], timed: bool = False) -> list[Sequence]:
+        """One forward for `rows` and their drafts, verified and applied; the sequences that
+        finished. A `timed` forward (decode rows) teaches the cost rule what its tokens cost."""
+        t0 = time.perf_counter()
+        target = self.forward_pass.run(rows, props)
+        fresh = [r for r, s in enumerate(rows) if s.cache_len == 0]
+        if fresh:  # prefills: remember p after each prompt for prefix sharing
+            p0 = target.dists(torch.tensor([target.at(r, 0) for r in fresh], device=self.device))
+            for r, p in zip(fresh, p0):
+                self._prompts[tuple(rows[r].tokens)] = (p, [rows[r]])
         if any(pr.parents is not None for pr in props):
-            verdicts = verify_trees(p, rows, props, self.gen, self.cache)
+            keep = 1 + max(len(pr.tokens) for pr in props)
+            verdicts = verify_trees(target.dense(keep), rows, props, self.gen, self.cache)
         else:
-            verdicts = zip(*verify_chains(p, props, self.gen, self.device))
+            verdicts = list(zip(*verify_chains(target, props, self.gen, self.device)))
+        if self.draft_cost is not None and timed:
+            self._teach(rows, props, [v[0] for v in verdicts], time.perf_counter() - t0)
         done = []
         for seq, pr, (a, emitted, lps) in zip(rows, props, verdicts):
             if self._apply(seq, len(pr.tokens), a, emitted[: a + 1], lps[: a + 1], tree=pr.parents is not None):
                 done.append(seq)
         return done
+
+    def _teach(self, rows: list[Sequence], props: list[Proposal], accepted: list[int], seconds: float) -> None:
+        """The cost rule learns this forward's seconds by its tokens and context, and its chains'
+        verdicts (called before the rows take their emitted tokens)."""
+        tokens = sum(len(s.tokens) - s.cache_len + len(pr.tokens) for s, pr in zip(rows, props))
+        self.draft_cost.observe_forward(tokens, max(len(s.tokens) for s in rows), seconds)
+        chains = [(confidences(pr), a) for pr, a in zip(props, accepted) if pr.parents is None]
+        self.draft_cost.observe_verdicts([c for c, _ in chains], [a for _, a in chains])
 
     def _apply(self, seq: Sequence, drafted: int, a: int, emitted: list[int], lps: list[float],
                tree: bool = False) -> bool:
@@ -287,3 +335,8 @@ class Engine:
     @property
     def accepted_per_forward(self) -> float:
         return self.stats.emitted / self.stats.row_forwards if self.stats.row_forwards else math.nan
+
+
+def confidences(prop: Proposal) -> list[float]:
+    """A chain's confidence per position (a drawn stop's too); 1 where its drafter gives none."""
+    return prop.conf if prop.conf is not None else [1.0] * len(prop.dists or prop.tokens)

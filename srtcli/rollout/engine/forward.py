@@ -29,9 +29,10 @@ from typing import Any
 import torch
 
 from srtcli.rollout.engine.host_tensors import longs
-from srtcli.rollout.engine.sampling import SamplingParams, shape_probs
+from srtcli.rollout.engine.sampling import SamplingParams
 from srtcli.rollout.engine.sequence import EngineStats
 from srtcli.rollout.engine.kv_cache import Layout, Packed, SlotKVCache, Windows, layout, packed_attention
+from srtcli.rollout.engine.target import Target
 from srtcli.rollout.engine.tree_verify import mask_trees
 
 # Pack a forward only when left-padding would add at least this many tokens: below it, the
@@ -51,14 +52,13 @@ class ForwardPass:
         self.device, self.dtype, self.max_len, self.stats = device, dtype, max_len, stats
         self.attn = "srt_slots" if model.config._attn_implementation in ("sdpa", "eager") else None
 
-    def run(self, rows: list[Any], props: list[Any]) -> torch.Tensor:
-        """One forward of pending + draft tokens for `rows`; shaped p aligned so that
-        p[r, k] is the distribution after the row's pending tokens and k draft tokens
-        (k <= len(draft_r); later k repeat the last one)."""
+    def run(self, rows: list[Any], props: list[Any]) -> Target:
+        """One forward of pending + draft tokens for `rows`; the target distributions after the
+        row's pending tokens and each of its draft tokens (`Target.at(r, k)`, k <= len(draft_r))."""
         inputs = [s.tokens[s.cache_len:] + pr.tokens for s, pr in zip(rows, props)]
         lens = [len(x) for x in inputs]
         dls = [len(pr.tokens) for pr in props]
-        b, keep, dev = len(rows), max(dls) + 1, self.device
+        b, dev = len(rows), self.device
         trees = any(pr.parents is not None for pr in props)
         if trees and self.attn is None:
             raise ValueError("tree drafts need the model's sdpa or eager attention (srt_slots replaces it)")
@@ -81,14 +81,13 @@ class ForwardPass:
         read = torch.arange(nslots) if na == nslots else slot_idx
         self.cache.prepare(read.to(dev), slot_idx[lay.tok_row][None].to(dev), lay.flat[None].to(dev),
                            lay.lcur, na == nslots)
-        need, pick = kept_logits(lens, dls, keep)
         ids = longs([t for x in inputs for t in x])[None]
         windows = Windows(lambda: packed_positions(lay, posids, arow, na))
-        logits = self._model_forward(ids, posids[None], mask, need,
+        logits = self._model_forward(ids, posids[None], mask, kept_logits(lens, dls),
                                      Packed(lay.gather, lay.scatter, na, lay.q), rows, windows)[0]
-        return shape_probs(logits, self.params).index_select(0, pick.to(dev)).view(b, keep, -1)
+        return Target(logits, kept_starts(dls), self.params)
 
-    def _forward_padded(self, rows: list[Any], inputs: list[list[int]], dls: list[int]) -> torch.Tensor:
+    def _forward_padded(self, rows: list[Any], inputs: list[list[int]], dls: list[int]) -> Target:
         """Rows left-padded to a common length, padding writes to the trash column: for
         attention implementations we do not replace (e.g. flash), and for forwards with little
         padding (`PACK_MIN_PADDING`), e.g. plain decode steps where every row carries one token."""
@@ -111,8 +110,8 @@ class ForwardPass:
         windows = Windows(lambda: (pos_t, torch.arange(lcur).expand(b, lcur)))
         out = self._model_forward(ids_t, pos_t, mask, keep, None, rows, windows)
         # row r's needed logits are the last len(draft_r) + 1 of the kept ones
-        idx = longs([min(keep - 1 - d + k, keep - 1) for d in dls for k in range(keep)]).view(b, keep).to(dev)
-        return shape_probs(out.gather(1, idx[..., None].expand(-1, -1, out.shape[-1])), self.params)
+        idx = longs([r * keep + keep - 1 - d + k for r, d in enumerate(dls) for k in range(d + 1)]).to(dev)
+        return Target(out.reshape(b * keep, -1).index_select(0, idx), kept_starts(dls), self.params)
 
     def _mask(self, pos: torch.Tensor, lcur: int) -> torch.Tensor:
         """Additive [b, 1, q, lcur] mask: a query sees its own row's positions up to its own. A
@@ -173,13 +172,20 @@ def packed_positions(lay: Layout, posids: torch.Tensor, arow: list[int], na: int
     return qpos.view(na, lay.q), kpos
 
 
-def kept_logits(lens: list[int], dls: list[int], keep: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Which logits a packed forward keeps, and their layout: `need` holds the packed indices of
-    each row's last len(draft) + 1 tokens (rows in order); `pick[r * keep + k]` is the kept
-    logit of row r's p_k (its last one again past its draft)."""
-    need, pick, t, o = [], [], 0, 0
+def kept_logits(lens: list[int], dls: list[int]) -> torch.Tensor:
+    """The packed indices of each row's last len(draft) + 1 tokens (rows in order): the logits a
+    packed forward keeps."""
+    need, t = [], 0
     for n, d in zip(lens, dls):
         need += range(t + n - d - 1, t + n)
-        pick += [o + min(k, d) for k in range(keep)]
-        t, o = t + n, o + d + 1
-    return longs(need), longs(pick)
+        t += n
+    return longs(need)
+
+
+def kept_starts(dls: list[int]) -> list[int]:
+    """Where each row's kept logits begin, rows in order, each row keeping len(draft) + 1."""
+    out, o = [], 0
+    for d in dls:
+        out.append(o)
+        o += d + 1
+    return out

@@ -26,7 +26,8 @@ child frequencies C (q = C) fails a chi-square test, which the tests show.
 Greedy decoding needs no special case: p is a point mass on the argmax, so a draft is accepted
 iff it equals the argmax and the emitted token is always the argmax.
 
-`verify_chains` is the engine's entry (proposals as Python lists: one host sync, and the
+`verify_chains` is the engine's entry (proposals as Python lists, the target's distributions as a
+`Target`: p(x) of each draft token, one whole distribution per row, one host sync, and the
 residual built only for the rows that rejected); `verify_drafts` is the same rule on tensors.
 """
 
@@ -40,6 +41,7 @@ import torch
 
 from srtcli.rollout.engine.host_tensors import floats, longs
 from srtcli.rollout.engine.sampling import sample
+from srtcli.rollout.engine.target import Target
 
 
 @dataclass
@@ -63,7 +65,8 @@ def verify_drafts(p: torch.Tensor, draft: torch.Tensor, draft_len: torch.Tensor,
     if q_tok is None:
         q_tok = torch.ones(draft.shape, device=p.device)
     beyond = torch.arange(n, device=p.device)[None, :] >= draft_len[:, None]
-    accepted, _ = _accepted(p, draft, q_tok.masked_fill(beyond, math.inf), generator)
+    px = p[:, :n].gather(-1, draft[..., None]).squeeze(-1)
+    accepted = _accepted(px, q_tok.masked_fill(beyond, math.inf), generator)
     rows = torch.arange(b, device=p.device)
     dist = p[rows, accepted]
     rejected = accepted < draft_len
@@ -82,46 +85,50 @@ def verify_drafts(p: torch.Tensor, draft: torch.Tensor, draft_len: torch.Tensor,
     return Verdict(accepted=accepted, final=sample(dist, generator))
 
 
-def verify_chains(p: torch.Tensor, props: list[Any], generator: torch.Generator,
+def verify_chains(target: Target, props: list[Any], generator: torch.Generator,
                   device: torch.device) -> tuple[list[int], list[list[int]], list[list[float]]]:
-    """Verify every row's chain proposal (`Proposal`) against p [b, K, V] from one forward.
-    Per row: the accepted draft count a, the emitted tokens (the first a accepted drafts, then
-    the final token) and their log-probs under p."""
-    b, kk, vocab = p.shape
-    n = kk - 1
-    drafts = [pr.tokens + [0] * (n - len(pr.tokens)) for pr in props]
+    """Verify every row's chain proposal (`Proposal`) against the target distributions of one
+    forward (`Target`: p(x) of each draft token, then one whole distribution per row, where it
+    stopped accepting). Per row: the accepted draft count a, the emitted tokens (the first a
+    accepted drafts, then the final token) and their log-probs under p."""
+    b = len(props)
+    lens = [len(pr.tokens) for pr in props]
+    n = max(lens, default=0)
+    px = torch.zeros((b, n), device=device)
+    if n:
+        flat = longs([r * n + k for r, d in enumerate(lens) for k in range(d)]).to(device)
+        idx = longs([target.at(r, k) for r, d in enumerate(lens) for k in range(d)]).to(device)
+        toks = longs([t for pr in props for t in pr.tokens]).to(device)
+        px.view(-1)[flat] = target.probs_of(idx, toks)
     # q(x) pads with inf past a draft, so no padded position is ever accepted
     q = [x for pr in props for x in (pr.q or [1.0] * len(pr.tokens)) + [math.inf] * (n - len(pr.tokens))]
-    acc_t, px = _accepted(p, longs([t for d in drafts for t in d]).view(b, n).to(device),
-                          floats(q).view(b, n).to(device), generator)
-    accepted = acc_t.tolist()
-    dist = p.reshape(b * kk, vocab).index_select(0, longs([r * kk + a for r, a in enumerate(accepted)]).to(device))
+    accepted = _accepted(px, floats(q).view(b, n).to(device), generator).tolist()
+    dist = target.dists(longs([target.at(r, a) for r, a in enumerate(accepted)]).to(device))
     kept = dist
     # a row rejected a draft token, or drew the stop after its last one
     rejected = [r for r, (a, pr) in enumerate(zip(accepted, props))
                 if a < len(pr.tokens) or (a == len(pr.tokens) and pr.stopped)]
     if rejected:
+        drafts = [pr.tokens + [0] * (n - len(pr.tokens)) for pr in props]
         kept, at = dist.clone(), longs(rejected).to(device)
-        q_at = _proposal_at(props, drafts, accepted, rejected, vocab, device)
+        q_at = _proposal_at(props, drafts, accepted, rejected, target.vocab, device)
         dist.index_copy_(0, at, _residual(dist.index_select(0, at), q_at))
     final = sample(dist, generator)
     lp_final = kept.gather(1, final[:, None])
     lps = torch.cat([px, lp_final], 1).clamp_min(1e-38).log().tolist()
     fin = final.tolist()
-    emitted = [drafts[r][:a] + [fin[r]] for r, a in enumerate(accepted)]
+    emitted = [pr.tokens[:a] + [fin[r]] for r, (a, pr) in enumerate(zip(accepted, props))]
     return accepted, emitted, [lp[:a] + [lp[-1]] for lp, a in zip(lps, accepted)]
 
 
-def _accepted(p: torch.Tensor, draft: torch.Tensor, q_tok: torch.Tensor,
-              generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """([b] how many leading draft tokens each row accepts, [b, n] p(x)): one uniform draw per
-    position, kept while u < p(x)/q(x) (q = inf past a draft, so never there)."""
-    b, n = draft.shape
+def _accepted(px: torch.Tensor, q_tok: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """[b] how many leading draft tokens each row accepts, from p(x) and q(x) ([b, n]): one
+    uniform draw per position, kept while u < p(x)/q(x) (q = inf past a draft, so never there)."""
+    b, n = px.shape
     if n == 0:
-        return torch.zeros(b, dtype=torch.long, device=p.device), p.new_zeros((b, 0))
-    px = p[:, :n].gather(-1, draft[..., None]).squeeze(-1)
-    u = torch.rand((b, n), generator=generator, device=p.device)
-    return (u < px / q_tok).cumprod(-1).sum(-1), px
+        return torch.zeros(b, dtype=torch.long, device=px.device)
+    u = torch.rand((b, n), generator=generator, device=px.device)
+    return (u < px / q_tok).cumprod(-1).sum(-1)
 
 
 def _residual(dist: torch.Tensor, q_at: torch.Tensor) -> torch.Tensor:

@@ -201,7 +201,7 @@ class VllmBackend:
         if self.agent is not None:
             cap, ends = None, sorted(self.eos | self.agent.fmt.stop_tokens(self.tok, self.eos))
         write_settings(path, ProposerSettings(location, cap, eos_ids=ends, min_prob=c.min_prob,
-                                              adaptive=c.adaptive("cpu" if on_cpu() else "cuda"),
+                                              adaptive=c.proposer_adaptive("cpu" if on_cpu() else "cuda"),
                                               shared=c.shared_tree, load_tokens=c.load_tokens))
         if self.drafting:
             worker = self.llm.collective_rpc("srt_reload", args=(str(path),))[0]

@@ -27,12 +27,20 @@ def test_the_pool_file_is_out_itself_or_rollout_jsonl_inside_it():
     assert RolloutConfig("p.jsonl", out="runs/a").pool_file == Path("runs/a/rollout.jsonl")
 
 
-def test_device_defaults_adaptive_on_cpu_run_ahead_with_cuda_and_flags_win():
+def test_device_defaults_run_ahead_with_cuda_and_flags_win():
     c = RolloutConfig("p.jsonl")
-    assert c.adaptive("cpu") and not c.adaptive("cuda")
+    assert c.draft_length == "cost"  # the embedded engine's, on every device
     assert not c.run_ahead_on("cpu") and c.run_ahead_on("cuda")
-    set_ = RolloutConfig("p.jsonl", adaptive_budget=False, run_ahead=True)
-    assert not set_.adaptive("cpu") and set_.run_ahead_on("cpu")
+    set_ = RolloutConfig("p.jsonl", draft_length="fixed", run_ahead=True)
+    assert set_.run_ahead_on("cpu")
+
+
+def test_the_vllm_proposer_leaves_the_cost_rule_to_the_device_default():
+    # srt does not time vLLM's forwards: `cost` there is the adaptive length off CUDA
+    assert RolloutConfig("p.jsonl").proposer_adaptive("cpu")
+    assert not RolloutConfig("p.jsonl").proposer_adaptive("cuda")
+    assert RolloutConfig("p.jsonl", draft_length="adaptive").proposer_adaptive("cuda")
+    assert not RolloutConfig("p.jsonl", draft_length="fixed").proposer_adaptive("cpu")
 
 
 def test_tail_trees_default_on_with_cuda_where_the_attention_verifies_trees_and_the_flag_wins():

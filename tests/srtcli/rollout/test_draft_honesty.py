@@ -90,7 +90,8 @@ def probe(drafter: Probe) -> Probe:
     tree leaves (and is scaled down)."""
     for policy, sharp, samples, every in ((4, 8.0, 300, 0), (3, 2.0, 600, 40)):
         model = tiny_model("qwen2", vocab=V, sharp=sharp, seed=policy)
-        eng = Engine(model, SamplingParams(1.0), drafter, slots=32, budget=BUDGET, max_len=32, seed=policy)
+        eng = Engine(model, SamplingParams(1.0), drafter, slots=32, budget=BUDGET, max_len=32, seed=policy,
+                     draft_length="adaptive")
         drafter.calls, drafter.every = 0, every
         todo = [Sequence([1, 2, 3], max_new_tokens=NEW, group=f"g{i % 150}") for i in range(samples)]
         while todo or eng.active():

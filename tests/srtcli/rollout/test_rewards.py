@@ -1,4 +1,5 @@
-"""Rewards: `exact_match`, answer extraction, and loading `--reward MODULE:FUNCTION` with one-line errors."""
+"""Rewards: `exact_match`, `math_answer`, answer extraction, and loading `--reward MODULE:FUNCTION`
+with one-line errors."""
 
 import subprocess
 import sys
@@ -7,7 +8,9 @@ import textwrap
 import pytest
 
 from srtcli.errors import SrtError
-from srtcli.rollout.rewards import exact_match, extract_answer, load_reward
+from fractions import Fraction
+
+from srtcli.rollout.rewards import exact_match, extract_answer, final_number, load_reward, math_answer
 
 REC = {"id": "p1", "prompt": "What is 3*4?", "answer": "12"}
 
@@ -32,6 +35,37 @@ def test_extract_answer_takes_the_last_complete_answer():
 )
 def test_exact_match(text, reward):
     assert exact_match(REC, text) == reward
+
+
+@pytest.mark.parametrize(
+    "text, number",
+    [
+        ("3 + 4 = 7 and 7 * 2 = 14.\n#### 14", 14),
+        ("#### 12 first, then 3 more: 15\n#### 15", 15),  # the last ####
+        ("so 1,234 pens\n####  1,234", 1234),  # thousands separators
+        ("The answer is $\\boxed{42}$.", 42),
+        ("#### 9 ... \\boxed{8}", 9),  # #### comes before \boxed
+        ("\\boxed{3} and the answer is 4", 3),  # \boxed before "answer is"
+        ("Therefore, the answer is: **-3.5** apples", Fraction(-7, 2)),
+        ("so the answer is 3/4.", Fraction(3, 4)),
+        ("First 12, then 30, so 42 in all.", 42),  # no marker: the last number
+        ("no numbers here", None),
+    ],
+)
+def test_final_number_reads_answers_as_math_graders_do(text, number):
+    assert final_number(text) == number
+
+
+def test_math_answer_compares_numbers_not_strings():
+    rec = {"id": "p3", "answer": "12"}
+    assert math_answer(rec, "3 * 4 = 12\n#### 12") == 1.0
+    assert math_answer(rec, "#### 12.0") == 1.0
+    assert math_answer({"id": "p4", "answer": 12}, "the answer is 24/2") == 1.0
+    assert math_answer(rec, "12 is half of 24, so #### 24") == 0.0  # the marked answer, not the first number
+    assert math_answer(rec, "I do not know") == 0.0
+    assert load_reward("math_answer") is math_answer
+    with pytest.raises(SrtError, match="math_answer: prompt 'p5' has no 'answer'"):
+        math_answer({"id": "p5"}, "#### 1")
 
 
 def test_exact_match_integer_answers_and_a_wrong_variant_fails():
@@ -91,7 +125,7 @@ def test_load_builtin_and_module(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("exact", "expected a built-in (exact_match) or MODULE:FUNCTION"),
+        ("exact", "expected a built-in (exact_match, math_answer) or MODULE:FUNCTION"),
         ("a:b:c", "expected a built-in"),
         (":fn", "expected a built-in"),
         ("no_such_module_xyz:fn", "reward module 'no_such_module_xyz' not found"),

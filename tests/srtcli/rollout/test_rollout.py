@@ -74,7 +74,7 @@ def test_greedy_is_identical_for_every_drafter(tmp_path, model_dir):
     pools = {}
     runs = {d: ("--draft", d) for d in ("none", "ngram", "suffix", "srt")}
     runs["srt-tree"] = ("--draft", "srt", "--draft-mode", "tree", "--budget", "12", "--min-prob", "0")
-    runs["srt-alone"] = ("--draft", "srt", "--no-shared-tree", "--fixed-budget")
+    runs["srt-alone"] = ("--draft", "srt", "--no-shared-tree", "--draft-length", "fixed")
     for name, flags in runs.items():
         s = summary(roll(tmp_path, model_dir, "-n", "2", "--temperature", "0", "--max-new-tokens", "24",
                          *flags, out=f"pool-{name}", cache=f"cache-{name}"))

@@ -1,7 +1,7 @@
 """End-to-end sampling exactness on a tiny real model: the distribution of whole continuations
-generated with drafting equals the model's own (enumerated exactly), and the naive biased rule
-(greedy drafts verified with C as q) fails the same chi-square test, as does sampling p where a
-draft drew its stop."""
+generated with drafting equals the model's own (enumerated exactly), with the adaptive draft
+length and under the cost rule, and the naive biased rule (greedy drafts verified with C as q)
+fails the same chi-square test, as does sampling p where a draft drew its stop."""
 
 from __future__ import annotations
 
@@ -42,10 +42,12 @@ def exact(model, params: SamplingParams) -> dict[tuple[int, ...], float]:
     return out
 
 
-def sample(model, drafter, params, seed=0, groups=1) -> tuple[dict, Engine]:
+def sample(model, drafter, params, seed=0, groups=1, draft_length="adaptive") -> tuple[dict, Engine]:
     """N continuations of PROMPT; with groups > 1 the samples are split among that many groups
-    (separate srt trees, one run-wide tree), so drafts come from both kinds of tree."""
-    eng = Engine(model, params, drafter, slots=64, budget=4, max_len=32, seed=seed)
+    (separate srt trees, one run-wide tree), so drafts come from both kinds of tree. The
+    adaptive draft length depends on the seed only, so these tests draw the same every run;
+    the cost rule's lengths depend on timings too."""
+    eng = Engine(model, params, drafter, slots=64, budget=4, max_len=32, seed=seed, draft_length=draft_length)
     seqs = [Sequence(PROMPT, max_new_tokens=NEW, group=f"g{i % groups}") for i in range(N)]
     todo = list(seqs)
     while todo or eng.active():
@@ -128,3 +130,13 @@ def test_drafts_that_stop_are_exact_and_sampling_p_at_the_stop_is_caught(model):
     counts, _ = sample(model, wrong, params)
     assert wrong.stops > 0.1 * N
     assert fit(counts, exact(model, params)) < 1e-6
+
+
+@pytest.mark.parametrize("draft", ["srt-sample", "srt-greedy"])
+def test_drafts_cut_by_the_cost_rule_keep_sampling_exact(model, draft):
+    # the cost rule keeps each row's drafts up to a point chosen from timings and confidences
+    # known before each draw (a drawn stop kept only where a token would have been): exact
+    params = SamplingParams(1.0)
+    counts, eng = sample(model, SrtDrafter(mode=draft.split("-")[1]), params, draft_length="cost")
+    assert eng.stats.accepted > 0.02 * N
+    assert fit(counts, exact(model, params)) > 1e-3

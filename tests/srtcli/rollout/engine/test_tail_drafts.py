@@ -36,7 +36,7 @@ class Asked(SrtDrafter):
 def tail_run():
     model = tiny_model("qwen2", sharp=4.0)
     drafter = Asked()
-    eng = Engine(model, SamplingParams(0.0), drafter, slots=SLOTS, budget=BUDGET, max_len=128)
+    eng = Engine(model, SamplingParams(0.0), drafter, slots=SLOTS, budget=BUDGET, max_len=128, draft_length="adaptive")
     drafter.engine = eng
     # distinct prompts (no prefix sharing) of ragged lengths, so the batch drains to its tail
     prompts = PROMPTS + [p + [2] for p in PROMPTS]

@@ -171,6 +171,8 @@ def test_the_engines_list_form_gives_the_tensor_forms_verdicts():
     # exactly what verify_drafts draws for the same batch: point-mass rows there are q(x) = 1
     # with a one-hot proposal distribution; stopped rows carry their last q past the draft
     from srtcli.rollout.drafters.base import Proposal
+    from srtcli.rollout.engine.forward import kept_starts
+    from srtcli.rollout.engine.target import Target
     from srtcli.rollout.engine.verify import verify_chains
 
     gen = torch.Generator().manual_seed(5)
@@ -194,9 +196,12 @@ def test_the_engines_list_form_gives_the_tensor_forms_verdicts():
                 q_dist[r, k, t] = 1.0
     draft = torch.tensor([pr.tokens + [0] * (n - len(pr.tokens)) for pr in props])
     dlen = torch.tensor([len(pr.tokens) for pr in props])
+    # the engine's form of the same p: each row's kept positions p_0 .. p_d, as logits
+    kept = torch.cat([p[r, : len(pr.tokens) + 1] for r, pr in enumerate(props)]).log()
+    target = Target(kept, kept_starts([len(pr.tokens) for pr in props]), SamplingParams(1.0))
     for seed in range(20):
         v = verify_drafts(p, draft, dlen, torch.Generator().manual_seed(seed), q_tok, q_dist)
-        acc, emitted, lps = verify_chains(p, props, torch.Generator().manual_seed(seed), torch.device("cpu"))
+        acc, emitted, lps = verify_chains(target, props, torch.Generator().manual_seed(seed), torch.device("cpu"))
         assert acc == v.accepted.tolist()
         assert [e[-1] for e in emitted] == v.final.tolist()
         assert [e[:a] for e, a in zip(emitted, acc)] == [pr.tokens[:a] for pr, a in zip(props, acc)]

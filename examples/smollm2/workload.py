@@ -1,0 +1,46 @@
+"""The real-model workload: the arith word problems as chat prompts that ask for a worked
+solution and a final answer math graders can read, scored by srt's built-in `math_answer`.
+
+    python examples/smollm2/workload.py     # rewrites prompts.jsonl and eval.jsonl here
+
+Each line is `{"id", "prompt": [{"role": "user", "content": PROBLEM + INSTRUCTION}], "answer"}`,
+made from the same line of examples/arith/prompts.jsonl (128 training prompts) or eval.jsonl
+(64 held back), so the two workloads share their problems and ids. A pretrained instruct model
+answers in free text: step by step, often wrong, never in the bundled model's `<answer>` tags;
+the instruction asks for "#### NUMBER" on the last line, and `math_answer` also reads
+`\\boxed{}`, "the answer is" and, failing all, the last number (srtcli/rollout/rewards.py).
+SmolLM2-135M-Instruct solves few of them (1 in 12 of the first prompts greedily, "##### 94"
+and "The final answer is 16." as often as "#### 88"), so a GRPO run sees rewards of 0 and 1 in a
+group now and then.
+
+    srt rollout --prompts examples/smollm2/prompts.jsonl --model models/smollm2 \\
+        --reward math_answer --max-new-tokens 256
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ARITH = HERE.parent / "arith"
+# no example answer in the instruction: the 135M model copies it ("#### 42") into every response
+INSTRUCTION = "\n\nSolve the problem step by step. At the end, write the final answer as a number after ####."
+
+
+def chat_record(record: dict) -> dict:
+    """An arith prompt line as the real-model workload's: the problem in a user message with the
+    instruction, the same id and answer."""
+    return {"id": record["id"], "prompt": [{"role": "user", "content": record["prompt"] + INSTRUCTION}],
+            "answer": record["answer"]}
+
+
+def main() -> None:
+    for name in ("prompts.jsonl", "eval.jsonl"):
+        lines = [json.loads(x) for x in (ARITH / name).read_text().splitlines() if x.strip()]
+        (HERE / name).write_text("".join(json.dumps(chat_record(r)) + "\n" for r in lines))
+        print(f"{HERE / name}: {len(lines)} prompts")
+
+
+if __name__ == "__main__":
+    main()
