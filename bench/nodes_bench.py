@@ -21,7 +21,8 @@ Side by side, epochs interleaved (each epoch runs every config before the next e
   cost against LMDB's.
 
 Every process gets the same options (`--seed` + epoch, so each epoch draws fresh samples, and
-the rollout defaults: `--batch-size`, `--rollout-batch`, tools, drafting); only `--cache` and
+the rollout defaults: `--batch-size`, `--rollout-batch`, tools, drafting, except `--draft-length
+adaptive`, whose lengths depend on the seed alone where the default's follow timings); only `--cache` and
 the prompts file differ. A prompt goes to one node per epoch, so no node reads what another
 wrote in the same epoch, and `local`, `one` and `one-redis` are exact per seed. `redis` is not
 while its nodes run at once: they share the cache's clock, which each ticks when it ends, and a
@@ -125,7 +126,8 @@ def rollout_args(args: argparse.Namespace, prompts: Path, cache: str, out: Path,
     """One `srt rollout` command: the same options for every node and config."""
     cmd = [*srt_command(), "rollout", "--prompts", str(prompts), "--cache", cache, "--out", str(out),
            "-n", str(args.n), "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature),
-           "--seed", str(args.seed + epoch), "--device", "cpu", "--threads", "1", "--tool-workers", "0", "--json"]
+           "--seed", str(args.seed + epoch), "--device", "cpu", "--threads", "1", "--tool-workers", "0",
+           "--draft-length", "adaptive", "--json"]  # lengths by the seed alone: nodes and configs comparable
     return cmd + (["--model", args.model] if args.model else [])
 
 

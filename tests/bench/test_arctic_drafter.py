@@ -45,7 +45,7 @@ def test_greedy_rollout_is_token_identical_to_plain_greedy(kind, tail_nodes):
     eos = {5}
     drafter = CountedTrees()
     eng = Engine(model, SamplingParams(temperature=0), drafter, slots=3, budget=5, max_len=128, eos_ids=eos,
-                 tail_nodes=tail_nodes)
+                 draft_length="fixed", tail_nodes=tail_nodes)
     # prompts repeat, so cached responses of earlier requests have something to draft
     seqs = [Sequence(p, max_new_tokens=8 + 3 * i, group=str(i % 6)) for i, p in enumerate(PROMPTS * 2)]
     todo = list(seqs)
@@ -67,7 +67,7 @@ def test_one_drafter_keeps_past_responses_across_runs(tmp_path):
     drafter = ArcticDrafter()
 
     def run(name: str) -> tuple[dict, list]:
-        c = RolloutConfig(str(prompts), model=str(model), k=2, max_new_tokens=24, temperature=0.0, draft="arctic",
+        c = RolloutConfig(str(prompts), model=str(model), k=2, max_new_tokens=24, temperature=0.0, draft="arctic", draft_length="fixed",
                           cache_opt=str(tmp_path / f"cache-{name}"), out=str(tmp_path / name), device="cpu")
         s = run_rollout(c, EmbeddedBackend("cpu", drafter))
         return s, sorted((st.meta["prompt_id"], st.meta["sample"], st.input_ids) for st in read_pool(tmp_path / name))

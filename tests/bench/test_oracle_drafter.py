@@ -17,7 +17,8 @@ PROMPTS = [[1, 2, 3], [5, 6, 7, 8, 9, 10, 11], [4], [9, 9, 9, 9], [3, 1, 4, 1, 5
 
 
 def run(model, drafter) -> tuple[list[Sequence], Engine]:
-    eng = Engine(model, SamplingParams(temperature=0), drafter, slots=3, budget=5, max_len=128, eos_ids={5})
+    eng = Engine(model, SamplingParams(temperature=0), drafter, slots=3, budget=5, max_len=128, eos_ids={5},
+                 draft_length="fixed")
     seqs = [Sequence(p, max_new_tokens=8 + 3 * i, group=str(i)) for _ in range(2) for i, p in enumerate(PROMPTS)]
     todo = list(seqs)
     while todo or eng.active():

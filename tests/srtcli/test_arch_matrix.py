@@ -281,7 +281,8 @@ def test_tree_drafts_see_the_window_by_depth(name):
     model = arch_model(name, sliding_window=2, attn_implementation="eager")
     new = [8 + 3 * i for i in range(len(PROMPTS))]
     refs = {tuple(p): plain_greedy(model, p, max(new)) for p in PROMPTS}
-    eng = Engine(model, SamplingParams(temperature=0), OracleTree(refs), slots=3, budget=6, max_len=128)
+    eng = Engine(model, SamplingParams(temperature=0), OracleTree(refs), slots=3, budget=6, max_len=128,
+                 draft_length="fixed")
     seqs = [Sequence(p, max_new_tokens=n) for p, n in zip(PROMPTS, new)]
     drive(eng, seqs)
     assert all(s.output == refs[tuple(s.prompt_ids)][: s.max_new_tokens] for s in seqs)

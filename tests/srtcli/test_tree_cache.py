@@ -36,8 +36,10 @@ def prompts(tmp_path: Path, n: int = 16) -> Path:
 
 
 def roll(tmp_path: Path, cache: str, out: str, *args: str) -> dict:
+    """A rollout whose draft lengths depend on the seed only (the cost rule's follow timings), so
+    two backends give the same pools and forwards."""
     r = CliRunner().invoke(cli, ["rollout", "--prompts", str(prompts(tmp_path)), "--cache", cache,
-                                 "--out", str(tmp_path / out), "--json", *args])
+                                 "--out", str(tmp_path / out), "--draft-length", "adaptive", "--json", *args])
     assert r.exit_code == 0, r.output
     return json.loads(r.output.strip().splitlines()[-1])
 

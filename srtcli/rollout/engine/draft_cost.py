@@ -45,6 +45,7 @@ HALF_LIFE = 64  # forwards
 MIN_FORWARDS = 8  # fewer timed forwards than this: draft what the drafter gives, and learn
 REFIT = 4  # forwards between fits (the fit is a few numpy calls; a step's cost barely moves in 4)
 RIDGE = 1e-3  # a slope no forward has varied enough to show stays near 0 (so the rule explores)
+MIN_SECONDS = 1e-6
 
 # Acceptance by confidence bin x depth; a decayed count, so the recent verdicts weigh most
 CONF_EDGES = np.array([0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99])
@@ -77,8 +78,10 @@ class ForwardCost:
         return self.forwards >= MIN_FORWARDS
 
     def predict(self, tokens: float, context: float) -> float:
+        """Seconds for a forward of `tokens` tokens over `context`: never 0 or less (a fit whose
+        fixed part came out below 0 still orders forwards by their tokens)."""
         a, b, c = self.coef
-        return a + b * tokens + c * tokens * context
+        return max(a + b * tokens + c * tokens * context, MIN_SECONDS)
 
     def per_token(self, context: float) -> float:
         """Seconds one more token adds to a forward over `context`."""

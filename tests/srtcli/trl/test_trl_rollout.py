@@ -79,7 +79,7 @@ def test_greedy_completions_equal_trls_own_generation(tmp_path, conversational, 
 
     monkeypatch.setattr(engine_module, "Engine", Spy)
     model, tok = bundled()
-    rollout = srt_rollout_func(budget=4)
+    rollout = srt_rollout_func(budget=4, draft_length="fixed")  # drafts verified whatever they cost
     trainer = trainer_for(model, tok, tmp_path, rollout, generation_kwargs={"do_sample": False})
     prompts = [chat(q) if conversational else q for q in QUESTIONS[:3] for _ in range(2)]  # as RepeatSampler
     trainer.model.train()
@@ -129,7 +129,7 @@ def test_sampling_follows_the_policy_and_a_biased_drafter_is_caught(tmp_path):
     n, new, prompt = 3000, 3, "7+5="
 
     def counts(draft):
-        rollout = srt_rollout_func(budget=4, draft=draft)
+        rollout = srt_rollout_func(budget=4, draft=draft, draft_length="fixed")
         trainer = trainer_for(model, tok, tmp_path, rollout, prompts=[prompt], max_completion_length=new,
                               temperature=1.0)
         out = rollout([prompt] * n, trainer)
@@ -152,7 +152,7 @@ def test_sampling_follows_the_policy_and_a_biased_drafter_is_caught(tmp_path):
 
 def test_a_training_step_runs_and_a_second_call_drafts_from_the_first_calls_trees(tmp_path):
     model, tok = bundled()
-    rollout = srt_rollout_func(cache=tmp_path / "cache", budget=8)
+    rollout = srt_rollout_func(cache=tmp_path / "cache", budget=8, draft_length="fixed")
     seen = []
 
     def spy(prompts, trainer):

@@ -58,6 +58,13 @@ def test_a_cost_no_forward_has_shown_is_taken_as_zero():
     assert falling.per_token(0) == 0.0
 
 
+def test_a_fit_below_zero_still_predicts_a_positive_time():
+    cost = fitted(-0.01, 0.001, tokens=range(20, 65), contexts=(0,))
+    assert cost.predict(1, 0) > 0
+    # such a fit says a forward is all per-token cost: no draft token pays (and nothing divides by 0)
+    assert with_cost(cost).cut(1, 1, 0, [[0.9, 0.9]]) == [0]
+
+
 def test_until_enough_forwards_are_timed_every_draft_is_verified():
     rule = DraftCost()
     for _ in range(MIN_FORWARDS - 1):

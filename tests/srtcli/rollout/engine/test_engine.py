@@ -28,9 +28,10 @@ def drive(engine: Engine, seqs: list[Sequence]) -> None:
         engine.step()
 
 
-def greedy_run(model, drafter, slots=3, budget=5, eos=frozenset(), engine_cls=Engine):
+def greedy_run(model, drafter, slots=3, budget=5, eos=frozenset(), engine_cls=Engine, draft_length="fixed"):
+    """Greedy decoding of ragged sequences; every draft verified (`fixed`) unless asked otherwise."""
     eng = engine_cls(model, SamplingParams(temperature=0), drafter, slots=slots, budget=budget,
-                     max_len=128, eos_ids=eos)
+                     max_len=128, eos_ids=eos, draft_length=draft_length)
     # groups repeat so the srt/suffix trees have something to draft from
     seqs = [Sequence(p, max_new_tokens=8 + 3 * i, group=str(i % 6)) for i, p in enumerate(PROMPTS * 2)]
     drive(eng, seqs)
@@ -51,6 +52,16 @@ def test_greedy_is_token_identical_to_plain_greedy(kind, draft):
         assert eng.stats.accepted > 0  # drafts really were accepted, and rejected ones rolled back
         assert eng.stats.accepted < eng.stats.drafted
         assert eng.accepted_per_forward > 1.0
+
+
+@pytest.mark.parametrize("draft", ["srt", "ngram"])
+def test_greedy_under_the_cost_rule_is_token_identical_to_plain_greedy(draft):
+    # the rule cuts each step's drafts by timings (its cuts vary run to run): greedy output never does
+    model = tiny_model("qwen2", sharp=4.0)
+    eng, seqs = greedy_run(model, make_drafter(draft), eos={5}, draft_length="cost")
+    assert eng.draft_cost is not None and eng.draft_cost.forward.forwards > 0  # the rule ran, timed
+    for s in seqs:
+        assert s.output == plain_greedy(model, s.prompt_ids, s.max_new_tokens, {5})
 
 
 def leaky_visible(pos, keys):
@@ -86,7 +97,7 @@ def test_tool_turns_inject_untrained_tokens_and_continue_exactly():
         return None
 
     eng = Engine(model, SamplingParams(temperature=0), make_drafter("ngram"), slots=2, budget=4,
-                 max_len=128, stop_fn=stop_fn, turn_end=lambda seq: list(inject))
+                 max_len=128, stop_fn=stop_fn, turn_end=lambda seq: list(inject), draft_length="fixed")
     seqs = [Sequence(p, max_new_tokens=12) for p in PROMPTS[:3]]
     drive(eng, seqs)
     for s in seqs:

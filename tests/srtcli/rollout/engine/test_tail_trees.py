@@ -59,7 +59,7 @@ def oracle_run(kind: str, tail_nodes: int, slots: int = 4, budget: int = 2):
     refs = {tuple(p): plain_greedy(model, p, max(new)) for p in PROMPTS}
     drafter = TailOracle(refs)
     eng = drafter.engine = Engine(model, SamplingParams(temperature=0), drafter, slots=slots, budget=budget,
-                                  max_len=128, tail_nodes=tail_nodes)
+                                  max_len=128, tail_nodes=tail_nodes, draft_length="fixed")
     seqs = [Sequence(p, max_new_tokens=n) for p, n in zip(PROMPTS * 2, new)]
     drive(eng, seqs)
     return eng, drafter, [s.output == refs[tuple(s.prompt_ids)][: s.max_new_tokens] for s in seqs]
@@ -101,7 +101,7 @@ def tail_sample(model, params):
     """`test_engine_sampling`'s N continuations, with only 8 of the engine's 64 slots in use at a
     time, so every step has room for tail trees."""
     drafter = CountedTrees(min_prob=0.0)
-    eng = Engine(model, params, drafter, slots=64, budget=4, max_len=32, tail_nodes=6)
+    eng = Engine(model, params, drafter, slots=64, budget=4, max_len=32, tail_nodes=6, draft_length="fixed")
     seqs = [Sequence(ts.PROMPT, max_new_tokens=ts.NEW, group=f"g{i % 4}") for i in range(ts.N)]
     todo = list(seqs)
     while todo or eng.active():

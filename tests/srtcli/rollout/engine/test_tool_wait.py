@@ -152,7 +152,7 @@ def sample_with_tools_in_flight(draft: str, seed: int = 0, tool_s: float = 0.003
 
     drafter = SrtDrafter(mode="sample") if draft == "srt-sample" else make_drafter(draft)
     eng = Engine(model, SamplingParams(1.0), drafter, slots=64, budget=4, max_len=32, seed=seed,
-                 stop_fn=stop_fn, turn_end=turn_end)
+                 stop_fn=stop_fn, turn_end=turn_end, draft_length="adaptive")  # drafts exercised, whatever they cost
     seqs = [Sequence(PROMPT, max_new_tokens=NEW, group="g") for _ in range(N)]
     run_all(eng, seqs)
     runner.close()

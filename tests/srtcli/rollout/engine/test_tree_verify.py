@@ -66,7 +66,8 @@ def oracle_run(kind: str):
     model = tiny_model(kind, sharp=4.0)
     new = [8 + 3 * i for i in range(len(PROMPTS) * 2)]
     refs = {tuple(p): plain_greedy(model, p, max(new)) for p in PROMPTS}
-    eng = Engine(model, SamplingParams(temperature=0), OracleTree(refs), slots=3, budget=6, max_len=128)
+    eng = Engine(model, SamplingParams(temperature=0), OracleTree(refs), slots=3, budget=6, max_len=128,
+                 draft_length="fixed")
     seqs = [Sequence(p, max_new_tokens=n) for p, n in zip(PROMPTS * 2, new)]
     drive(eng, seqs)
     return eng, [s.output == refs[tuple(s.prompt_ids)][: s.max_new_tokens] for s in seqs]
