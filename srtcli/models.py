@@ -16,6 +16,7 @@ before any command uses it.
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 from pathlib import Path
@@ -87,6 +88,19 @@ def load_model(path: Path, dtype: Any, **options: Any):
     in_memory(model)
     check_attention(model, path)  # before anything runs: exact, or refused in one line
     return model
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword a model's forward takes its KV cache by: `cache` where transformers renamed it
+    (5.2x; `past_key_values` still works there, with a deprecation warning on every run), else
+    `past_key_values`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def returned_cache(output: Any) -> Any:
+    """The KV cache a forward with `use_cache=True` returned, under either name."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
 
 
 def in_memory(model: Any) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 import agent_data
+from srtcli.models import cache_keyword, returned_cache
 from srtcli.tiny_model import SPECIAL, TOOL_CHAT_TEMPLATE, TOOL_TAGS
 
 HERE = Path(__file__).resolve().parent
@@ -80,10 +81,10 @@ class SharedPrefixLM(torch.nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor):
         rows, width = input_ids.shape[0], self.prefix.shape[1]
-        cache = self.lm.model(input_ids=self.prefix, use_cache=True).past_key_values
+        cache = returned_cache(self.lm.model(input_ids=self.prefix, use_cache=True))
         cache.batch_repeat_interleave(rows)  # differentiable: gradients reach the prefix's keys and values
         mask = torch.cat([attention_mask.new_ones(rows, width), attention_mask], dim=1)
-        return self.lm(input_ids=input_ids, attention_mask=mask, past_key_values=cache, labels=labels)
+        return self.lm(input_ids=input_ids, attention_mask=mask, labels=labels, **{cache_keyword(self.lm): cache})
 
 
 def shared_prefix(tok) -> list[int]:

@@ -24,7 +24,9 @@ from srtcli.train.config import DTYPES, TrainConfig, model_dir, resolve_attn
 from srtcli.train.data import TrainData, check_fits
 from srtcli.train.resume import check_resume, run_definition
 
-HF_ATTN = {"sdpa": "sdpa", "eager": "eager", "flex": "sdpa"}  # plain rows; packed rows pick their own
+# plain rows' HF attention (packed rows pick their own): None is transformers' default, sdpa where
+# the model class supports it, else eager (Gemma2 refuses sdpa from transformers 5.2x: softcapping)
+HF_ATTN = {"sdpa": None, "eager": "eager", "flex": None}
 
 
 @dataclass
@@ -87,7 +89,8 @@ def train_model(path: Path, dtype: torch.dtype, attn: str, device: str) -> torch
 
     transformers.utils.logging.disable_progress_bar()
     transformers.utils.logging.set_verbosity_error()
-    return load_model(path, dtype, attn_implementation=HF_ATTN.get(attn, "sdpa")).to(device)
+    hf_attn = HF_ATTN.get(attn)
+    return load_model(path, dtype, **({"attn_implementation": hf_attn} if hf_attn else {})).to(device)
 
 
 def _models(cfg: TrainConfig, info: dist.DistInfo, source: Path, ckpt: Path | None, attn: str,

@@ -3,7 +3,9 @@
 - `ChatFormat`: the chat template's own format. The model's turn ends at its eos; the calls in
   it are `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` (Hermes style, as Qwen2.5
   and many others write them), or whatever the tokenizer's `response_template` parses
-  (transformers' `parse_response`) when it defines one. Results are rendered by the chat
+  (transformers' `parse_response`) when it defines one and transformers parses with the prompt
+  as `prefix` (5.19 does; 5.10 reads another schema format, `response_schema`), so before it a
+  `response_template` is left unused and calls are read as Hermes `<tool_call>` JSON. Results are rendered by the chat
   template as `tool` messages: the text the template puts between the end of the model's turn
   and the next assistant turn, computed by rendering the conversation with and without them.
 - `TagFormat`: the bundled model's `<calc>EXPR</calc>` ... `<result>VALUE</result>` (one tool,
@@ -14,6 +16,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from typing import Any, Protocol
@@ -76,7 +79,7 @@ class ChatFormat:
 
     def __init__(self, tok: Any):
         self.tok = tok
-        self.template = getattr(tok, "response_template", None)
+        self.template = getattr(tok, "response_template", None) if _parses_with_prefix(tok) else None
         base = self._chat([_user(), {"role": "assistant", "content": _TURN}], False)
         after_turn = base[base.index(_TURN) + len(_TURN):]
         eos = tok.eos_token or ""
@@ -121,6 +124,13 @@ class ChatFormat:
             raise SrtError("the chat template renders an assistant turn differently when tool messages follow; "
                            "srt cannot append tool results to a turn in progress with it")
         return self.glue + full[len(self.base):]
+
+
+def _parses_with_prefix(tok: Any) -> bool:
+    """Whether this transformers' `parse_response` reads a `response_template` with the prompt as
+    `prefix` (the format srt parses with); earlier releases take neither."""
+    parse = getattr(tok, "parse_response", None)
+    return parse is not None and "prefix" in inspect.signature(parse).parameters
 
 
 def chat_format_for(tok: Any) -> bool:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from srtcli.models import cache_keyword
 from srtcli.rollout.engine.host_tensors import longs
 from srtcli.rollout.engine.sampling import SamplingParams
 from srtcli.rollout.engine.sequence import EngineStats
@@ -51,6 +52,7 @@ class ForwardPass:
         self.model, self.params, self.cache, self.slots = model, params, cache, slots
         self.device, self.dtype, self.max_len, self.stats = device, dtype, max_len, stats
         self.attn = "srt_slots" if model.config._attn_implementation in ("sdpa", "eager") else None
+        self.cache_keyword = cache_keyword(model)
 
     def run(self, rows: list[Any], props: list[Any]) -> Target:
         """One forward of pending + draft tokens for `rows`; the target distributions after the
@@ -138,7 +140,7 @@ class ForwardPass:
             with packed_attention(packed, windows):
                 out = self._call_model(
                     input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=mask.to(dev),
-                    past_key_values=self.cache, use_cache=True, logits_to_keep=keep,
+                    **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=keep,
                 )
         finally:
             cfg._attn_implementation = saved

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from srtcli.errors import SrtError
+from srtcli.models import returned_cache
 
 _LAYERS = "_srt_kv_layers"  # a model attribute: its layers' (kv_heads, head_dim, dtype)
 
@@ -28,7 +29,7 @@ def _probe(model: Any) -> list[tuple[int, int, torch.dtype]] | None:
     off a one-token forward (configs can disagree with the modules; per-layer shapes may vary)."""
     dev = next(model.parameters()).device
     one = torch.ones(1, 1, dtype=torch.long, device=dev)
-    cache = model(input_ids=one, attention_mask=one, use_cache=True).past_key_values
+    cache = returned_cache(model(input_ids=one, attention_mask=one, use_cache=True))
     layers = getattr(cache, "layers", None)
     if not layers or any(getattr(lay, "keys", None) is None for lay in layers):
         return None

@@ -48,8 +48,9 @@ from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
 from srtcli.rollout.steps import Sample, sample_of
 from srtcli.rollout.summary import Counts, Run, reward_mean
 from srtcli.rollout.vllm.counters import add_counters, spec_metrics, vllm_counts
+from srtcli.rollout.vllm.proposer import speculative_config
+from srtcli.rollout.vllm.versions import require_supported
 
-PROPOSER = "srtcli.rollout.vllm.proposer.SrtProposer"
 EXTENSION = "srtcli.rollout.vllm.proposer.SrtWorkerExtension"
 NGRAM_MIN, NGRAM_MAX = 1, 3  # as srtcli.rollout.drafters.ngram's defaults
 # vLLM's suffix method as the embedded suffix drafter (srtcli.rollout.drafters.suffix) configures it
@@ -84,7 +85,9 @@ def check_model(model_dir: Path, on_cpu: bool) -> dict:
 
 
 def import_vllm() -> Any:
-    """vLLM, its log sent to stderr (where `--json` does not put its summary), warnings only."""
+    """vLLM, its log sent to stderr (where `--json` does not put its summary), warnings only;
+    one line instead when the installed release is outside the supported range (`versions`)."""
+    require_supported()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
@@ -107,7 +110,7 @@ def make_llm(config: RolloutConfig, model_dir: Path, ctx: int) -> Any:
     vllm = import_vllm()
     c, spec = config, None
     if c.draft == "srt" and c.budget > 0:
-        spec = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": c.budget}
+        spec = speculative_config(c.budget)
     elif c.draft == "ngram" and c.budget > 0:
         spec = {"method": "ngram", "num_speculative_tokens": c.budget,
                 "prompt_lookup_min": NGRAM_MIN, "prompt_lookup_max": NGRAM_MAX}

@@ -6,8 +6,9 @@ One configuration for any vLLM user (`vllm serve`, `vllm.LLM`, an RL framework's
                         "model": "srtcli.rollout.vllm.proposer.SrtProposer",
                         "num_speculative_tokens": 8}
 
+(from Python, `speculative_config(8)` returns it after checking the installed vLLM's version)
 with `$SRT_CACHE` naming the cache (default `~/.cache/srt`, as for every srt command). vLLM
-(0.32) builds `SrtProposer(vllm_config)` inside its worker process and, after every step, calls
+(0.22.0 to 0.33.x: `versions`) builds `SrtProposer(vllm_config)` inside its worker process and, after every step, calls
 `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)`; the drafting is
 `tree_drafts.TreeDrafts`: a request's prompt is what its row held when first seen, rows with
 one prompt share one tree, loaded from the cache and committed back as sequences end
@@ -39,7 +40,17 @@ import numpy as np
 from srtcli.rollout.vllm.commits import commit_settings, open_tree_cache
 from srtcli.rollout.vllm.settings import SETTINGS_ENV, ProposerSettings, read_settings
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
+from srtcli.rollout.vllm.versions import require_supported
 from srtcli.rollout.vllm.worker_facts import completed, model_facts
+
+PROPOSER = "srtcli.rollout.vllm.proposer.SrtProposer"
+
+
+def speculative_config(num_speculative_tokens: int) -> dict:
+    """vLLM's `speculative_config` for the SRT proposer; SrtError (one line) when the installed
+    vLLM is outside the supported range."""
+    require_supported()
+    return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": num_speculative_tokens}
 
 
 class SrtProposer:
@@ -47,6 +58,7 @@ class SrtProposer:
     "model": "srtcli.rollout.vllm.proposer.SrtProposer", "num_speculative_tokens": B}`."""
 
     def __init__(self, vllm_config: Any):
+        require_supported()  # vLLM reports its one line as the reason the proposer could not be built
         self.budget = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.max_num_seqs = int(vllm_config.scheduler_config.max_num_seqs)

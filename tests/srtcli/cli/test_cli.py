@@ -98,6 +98,13 @@ def srt(*args: str, cwd=None, timeout: int = 120) -> subprocess.CompletedProcess
     return subprocess.run([*SRT, *args], capture_output=True, text=True, cwd=cwd, timeout=timeout)
 
 
+def interruptible(cmd: list[str]) -> subprocess.Popen:
+    """`cmd` started as a terminal starts it, Ctrl-C delivered: a shell without job control (a
+    background `.ci/run`) passes SIGINT on ignored, and Python then never raises KeyboardInterrupt."""
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
 def one_line(r: subprocess.CompletedProcess) -> str:
     """The single stderr line of a failed run (exit status 1, nothing on stdout)."""
     assert r.returncode == 1, (r.returncode, r.stderr)
@@ -194,7 +201,7 @@ def test_ctrl_c_during_rollout_says_what_the_pool_keeps_and_how_to_resume(tmp_pa
     prompts, pool = _prompts(tmp_path / "p.jsonl", 24), tmp_path / "pool" / "rollout.jsonl"
     cmd = [*SRT, "rollout", "--prompts", str(prompts), "--model", str(model_dir), "-n", "4", "--max-new-tokens",
            "48", "--batch-size", "4", "--out", str(tmp_path / "pool"), "--cache", str(tmp_path / "cache"), "--json"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = interruptible(cmd)
     deadline = time.time() + 120
     while time.time() < deadline and (not pool.exists() or pool.stat().st_size < 2000):
         time.sleep(0.05)
@@ -215,9 +222,8 @@ def test_ctrl_c_during_training_names_the_checkpoint_resume_continues_from(tmp_p
     r = CliRunner().invoke(cli, ["rollout", "--prompts", str(prompts), "--model", str(model_dir), "-n", "4",
                                  "--max-new-tokens", "8", "--out", str(tmp_path / "pool"), "--draft", "none"])
     assert r.exit_code == 0, r.output
-    proc = subprocess.Popen([*SRT, "train", "--steps", str(tmp_path / "pool"), "--model", str(model_dir),
-                             "--out", str(out), "--batch-size", "1", "--epochs", "200", "--save-every", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = interruptible([*SRT, "train", "--steps", str(tmp_path / "pool"), "--model", str(model_dir),
+                          "--out", str(out), "--batch-size", "1", "--epochs", "200", "--save-every", "1"])
     deadline = time.time() + 120
     while time.time() < deadline and latest_checkpoint(out) is None:
         time.sleep(0.05)
@@ -244,7 +250,7 @@ def _big_pool(pool: Path, groups: int) -> Path:
 
 def interrupt_while_reading(args: list[str], name: str) -> tuple[int, str]:
     """Run `srt ARGS`, send SIGINT once it has the file `name` open; (exit status, stderr)."""
-    proc = subprocess.Popen([*SRT, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = interruptible([*SRT, *args])
     fds, deadline = Path(f"/proc/{proc.pid}/fd"), time.time() + 60
     while time.time() < deadline and proc.poll() is None:
         if any(target.endswith(name) for target in _open_files(fds)):

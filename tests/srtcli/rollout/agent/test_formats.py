@@ -3,6 +3,7 @@ prompt + turns + results is exactly what the chat template renders for the whole
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -103,11 +104,16 @@ HERMES_RESPONSE = {
 
 
 def test_a_tokenizer_response_template_parses_the_calls(tmp_path):
+    """With transformers' prefix-reading `parse_response` the template parses; before it (5.10),
+    the template is left unused and the same calls are read as Hermes JSON."""
     tok = chat_tokenizer(tmp_path, tools=True)
     tok.response_template = HERMES_RESPONSE
     fmt = ChatFormat(tok)
+    takes_prefix = "prefix" in inspect.signature(tok.parse_response).parameters
+    assert fmt.template == (HERMES_RESPONSE if takes_prefix else None)
     prefix = tok.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False, add_generation_prompt=True)
     text = "Hm. " + call_text("calculator", {"expression": "3*4"}) + call_text("b", {}) + "<|im_end|>"
     assert fmt.calls(text, prefix) == [ToolCall("calculator", {"expression": "3*4"}), ToolCall("b", {})]
     (bad,) = fmt.calls('<tool_call>{"name": oops</tool_call><|im_end|>', prefix)
-    assert bad.arguments is None and "could not be parsed" in bad.error and "\n" not in bad.error
+    assert bad.arguments is None and bad.error and "\n" not in bad.error
+    assert ("could not be parsed" if takes_prefix else "not valid JSON") in bad.error
