@@ -111,6 +111,12 @@ def _no_reward(prompt_record: dict, completion_text: str) -> float:
     return 0.0
 
 
+def needed_fields(fn: RewardFn) -> tuple[str, ...]:
+    """The prompt-record fields a reward function declares it reads (its `needs`: a name or a tuple)."""
+    needs = getattr(fn, "needs", ()) or ()
+    return (needs,) if isinstance(needs, str) else tuple(needs)
+
+
 def reward_for_prompts(spec: str | None, records: list[tuple[int, dict]], path: Any) -> RewardFn:
     """The reward of a rollout, checked against the prompts before anything is generated.
 
@@ -122,8 +128,7 @@ def reward_for_prompts(spec: str | None, records: list[tuple[int, dict]], path: 
             return _no_reward
         spec = "exact_match"
     fn = load_reward(spec)
-    needs = getattr(fn, "needs", ()) or ()
-    needs = (needs,) if isinstance(needs, str) else tuple(needs)
+    needs = needed_fields(fn)
     for lineno, rec in records:
         missing = [f for f in needs if f not in rec]
         if missing:
@@ -163,4 +168,4 @@ def load_reward(spec: str) -> RewardFn:
 
 
 __all__ = ["RewardFn", "BUILTIN", "exact_match", "extract_answer", "final_number", "load_reward", "math_answer",
-           "reward_for_prompts"]
+           "needed_fields", "reward_for_prompts"]

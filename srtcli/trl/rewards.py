@@ -13,14 +13,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from srtcli.errors import SrtError
-from srtcli.rollout.rewards import load_reward
+from srtcli.rollout.rewards import load_reward, needed_fields
 
 
 def trl_reward(spec: str) -> Callable[..., list[float]]:
     """A TRL reward function scoring with srt's reward `spec` (a built-in name or MODULE:FUNCTION)."""
     fn = load_reward(spec)
-    needs = getattr(fn, "needs", ()) or ()
-    needs = (needs,) if isinstance(needs, str) else tuple(needs)
+    needs = needed_fields(fn)
 
     def reward(prompts: list, completions: list, **columns: Any) -> list[float]:
         missing = [f for f in needs if f not in columns]

@@ -4,7 +4,6 @@ reward, and the packed forwards run fewer tokens than TRL's padded batch of the 
 
 from __future__ import annotations
 
-import inspect
 import json
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 pytest.importorskip("trl")
 
 from bench.trl_bench import METRICS, example_module, per_epoch, run
+from srtcli.rollout.agent.formats import parses_with_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +30,7 @@ def trl_reads_tool_calls() -> bool:
     and the prompt as `prefix` (a tokenizer's response template), which transformers 5.10 lacks."""
     from transformers import PreTrainedTokenizerBase
 
-    return "prefix" in inspect.signature(PreTrainedTokenizerBase.parse_response).parameters
+    return parses_with_prefix(PreTrainedTokenizerBase)
 
 
 @pytest.mark.skipif(not trl_reads_tool_calls(), reason="TRL's own trainer (the baseline) calls tools only with "

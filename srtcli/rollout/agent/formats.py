@@ -79,7 +79,7 @@ class ChatFormat:
 
     def __init__(self, tok: Any):
         self.tok = tok
-        self.template = getattr(tok, "response_template", None) if _parses_with_prefix(tok) else None
+        self.template = getattr(tok, "response_template", None) if parses_with_prefix(tok) else None
         base = self._chat([_user(), {"role": "assistant", "content": _TURN}], False)
         after_turn = base[base.index(_TURN) + len(_TURN):]
         eos = tok.eos_token or ""
@@ -126,9 +126,10 @@ class ChatFormat:
         return self.glue + full[len(self.base):]
 
 
-def _parses_with_prefix(tok: Any) -> bool:
-    """Whether this transformers' `parse_response` reads a `response_template` with the prompt as
-    `prefix` (the format srt parses with); earlier releases take neither."""
+def parses_with_prefix(tok: Any) -> bool:
+    """Whether this transformers' `parse_response` (of a tokenizer or its class) reads a
+    `response_template` with the prompt as `prefix` (the format srt and TRL parse with); earlier
+    releases take neither."""
     parse = getattr(tok, "parse_response", None)
     return parse is not None and "prefix" in inspect.signature(parse).parameters
 

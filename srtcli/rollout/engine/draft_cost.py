@@ -167,13 +167,12 @@ class DraftCost:
         """How many leading tokens of each chain to verify, for chains with confidences `confs`
         in a step of `rows` rows that verifies `tokens` tokens besides the drafts, its longest
         row `context` long."""
-        lens = np.array([len(c) for c in confs])
-        total = int(lens.sum())
+        lens, conf, depth = laid_end_to_end(confs)
+        total = len(conf)
         if total == 0 or not self.forward.known:
             return lens.tolist()
         row = np.repeat(np.arange(len(confs)), lens)
-        depth = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
-        beta = self.acceptance.expected(np.fromiter((c for cs in confs for c in cs), float, total), depth)
+        beta = self.acceptance.expected(conf, depth)
         emitted = chain_products(beta, lens)
         order = np.lexsort((depth, -emitted))  # most likely first; along a chain, in its order
         gain = np.concatenate([[0.0], np.cumsum(emitted[order])])
@@ -189,15 +188,20 @@ class DraftCost:
     def observe_verdicts(self, confs: list[list[float]], accepted: list[int]) -> None:
         """The verdicts of verified chains: row r accepted `accepted[r]` of its tokens, so its
         tokens up to the first rejected one were reached."""
-        lens = np.fromiter(map(len, confs), int, len(confs))
-        total = int(lens.sum())
-        if total == 0:
+        lens, conf, depth = laid_end_to_end(confs)
+        if len(conf) == 0:
             return
-        conf = np.fromiter((c for cs in confs for c in cs), float, total)
-        depth = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
         took = np.repeat(np.asarray(accepted), lens)
         reached = depth <= took
         self.acceptance.observe(conf[reached], depth[reached], (depth < took)[reached])
+
+
+def laid_end_to_end(confs: list[list[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Chains' confidences laid end to end: (each chain's length, every confidence, its depth)."""
+    lens = np.fromiter(map(len, confs), int, len(confs))
+    total = int(lens.sum())
+    conf = np.fromiter((c for cs in confs for c in cs), float, total)
+    return lens, conf, np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
 
 
 def chain_products(beta: np.ndarray, lens: np.ndarray) -> np.ndarray:

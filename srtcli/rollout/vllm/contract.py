@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from srtcli.rollout.vllm.proposer import SrtProposer
+
 SPEC_CONFIG = "vllm/config/speculative.py"
 BUILDER = "vllm/v1/spec_decode/custom_class_proposer.py"
 RUNNER = "vllm/v1/worker/gpu_model_runner.py"
@@ -119,8 +121,6 @@ def _method_literal(source: Source) -> str | None:
 
 
 def _built_with_config(source: Source) -> str | None:
-    from srtcli.rollout.vllm.proposer import SrtProposer
-
     tree = _tree(source, BUILDER)
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords
@@ -139,8 +139,6 @@ def _runner_builds_it(source: Source) -> str | None:
 
 
 def _propose_call(source: Source) -> str | None:
-    from srtcli.rollout.vllm.proposer import SrtProposer
-
     tree = _tree(source, RUNNER)
     for branch in ast.walk(tree):
         if not (isinstance(branch, ast.If) and isinstance(branch.test, ast.Compare)
@@ -156,8 +154,6 @@ def _propose_call(source: Source) -> str | None:
 
 
 def _cpu_runner_loads(source: Source) -> str | None:
-    from srtcli.rollout.vllm.proposer import SrtProposer
-
     tree = _tree(source, CPU_RUNNER)
     for call in ast.walk(tree):
         if isinstance(call, ast.Call) and ast.unparse(call.func) == "self.drafter.load_model":

@@ -3,13 +3,12 @@ prompt + turns + results is exactly what the chat template renders for the whole
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import pytest
 
 from srtcli.rollout.agent.calculator import calculator
-from srtcli.rollout.agent.formats import ChatFormat, TagFormat, chat_format_for
+from srtcli.rollout.agent.formats import ChatFormat, TagFormat, chat_format_for, parses_with_prefix
 from srtcli.rollout.agent.toolset import ToolCall
 from srtcli.tiny_model import chat_tokenizer
 
@@ -109,7 +108,7 @@ def test_a_tokenizer_response_template_parses_the_calls(tmp_path):
     tok = chat_tokenizer(tmp_path, tools=True)
     tok.response_template = HERMES_RESPONSE
     fmt = ChatFormat(tok)
-    takes_prefix = "prefix" in inspect.signature(tok.parse_response).parameters
+    takes_prefix = parses_with_prefix(tok)
     assert fmt.template == (HERMES_RESPONSE if takes_prefix else None)
     prefix = tok.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False, add_generation_prompt=True)
     text = "Hm. " + call_text("calculator", {"expression": "3*4"}) + call_text("b", {}) + "<|im_end|>"
