@@ -21,7 +21,10 @@ function raises rather than drop them.
 
 Outside a row, `srt_tree` behaves exactly like `sdpa`, and `tree_attention` restores the
 model's own implementation on exit, so ordinary inputs always take the ordinary path.
-Masks are built once per row (and window) and shared by the layers.
+Masks are built once per row (and window) and shared by the layers. Under gradient
+checkpointing a layer runs again in the backward, outside the block: `recompute_context` puts
+the row back around that recomputation (`attention.checkpointing`, and TRL's checkpointing in
+srt's trainer).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch
 
 NAME = "srt_tree"
 BACKENDS = ("auto", "sdpa", "flex", "eager")
-SDPA_BLOCK = 512  # query block of the sdpa backend (see masks.sdpa_blocks)
+SDPA_BLOCK = 128  # query block of the sdpa backend (see masks.sdpa_blocks; 128 measured fastest of 128-512)
 # attention arguments some models pass that the tree backends do not implement (srt refuses
 # such models when it loads them, srtcli.attention_support; this is the last line of defence)
 _UNSUPPORTED = ("s_aux", "sinks", "position_bias")
@@ -46,6 +49,7 @@ class _Row:
     subtree_end: torch.Tensor
     position_ids: torch.Tensor
     backend: str
+    config: Any  # the model config whose attention implementation names `srt_tree` while active
     cache: dict[Any, Any] = field(default_factory=dict)  # (kind, window) -> mask, per row
 
     def bool_mask(self, window: int | None) -> torch.Tensor:
@@ -140,6 +144,47 @@ def _sdpa_block(module, query, key, value, mask, dropout, scaling, softcap):
         query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
 
 
+class BlockedAttention(torch.autograd.Function):
+    """Attention of a row's query blocks (`masks.sdpa_blocks`), with a backward that writes each
+    block's gradients into one buffer per input.
+
+    Autograd's own backward of the blocked forward gives every block's query slice and key
+    gather a zero tensor the size of the whole row, and then sums them: memory traffic that
+    grows with the square of the row's length, on every layer (on SmolLM2-135M it made a packed
+    token cost 1.2x a padded one in 7k-token rows). Here the backward recomputes each block's
+    attention from the saved inputs (SDPA keeps nothing between blocks) and adds its gradients
+    in place. `block(q, k, v, mask)` is the attention of one block; it must be deterministic."""
+
+    @staticmethod
+    def forward(ctx, query, key, value, block, blocks):
+        ctx.block, ctx.blocks = block, blocks
+        ctx.save_for_backward(query, key, value)
+        outs = [block(query[:, :, a:b], _keys(key, ks), _keys(value, ks), m) for a, b, ks, m in blocks]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        query, key, value = ctx.saved_tensors
+        dq, dk, dv = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
+        for a, b, ks, m in ctx.blocks:
+            with torch.enable_grad():
+                q = query[:, :, a:b].detach().requires_grad_()
+                k = _keys(key, ks).detach().requires_grad_()
+                v = _keys(value, ks).detach().requires_grad_()
+                gq, gk, gv = torch.autograd.grad(ctx.block(q, k, v, m), (q, k, v), grad[:, :, a:b])
+            dq[:, :, a:b] = gq
+            _add_keys(dk, ks, gk)
+            _add_keys(dv, ks, gv)
+        return dq, dk, dv, None, None
+
+
+def _add_keys(total: torch.Tensor, keys: slice | torch.Tensor, grad: torch.Tensor) -> None:
+    if isinstance(keys, slice):
+        total[:, :, keys] += grad
+    else:
+        total.index_add_(2, keys, grad)
+
+
 def _tree_forward(row: _Row, module, query, key, value, dropout, scaling, window, softcap=None):
     """query [B, H, T, D], key/value [B, Hkv, T, D] -> [B, T, H, D]. `window`: the layer's
     sliding window (in positions); `softcap`: its attention logit softcapping."""
@@ -151,11 +196,14 @@ def _tree_forward(row: _Row, module, query, key, value, dropout, scaling, window
         return out.transpose(1, 2).contiguous(), None
     key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
     if row.backend == "sdpa":
-        outs = [
-            _sdpa_block(module, query[:, :, a:b], _keys(key, ks), _keys(value, ks), m, dropout, scaling, softcap)
-            for a, b, ks, m in row.blocks(window)
-        ]
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        def block(q, k, v, mask):
+            return _sdpa_block(module, q, k, v, mask, dropout, scaling, softcap)
+
+        blocks = row.blocks(window)
+        if dropout and module.training:  # a recomputed block would draw other dropout masks
+            out = torch.cat([block(query[:, :, a:b], _keys(key, ks), _keys(value, ks), m) for a, b, ks, m in blocks], 2)
+        else:
+            out = BlockedAttention.apply(query, key, value, block, blocks)
         return out.transpose(1, 2).contiguous(), None
     out, weights = explicit_attention(query, key, value, row.bool_mask(window), scaling, softcap, dropout,
                                       module.training)
@@ -226,13 +274,29 @@ def tree_attention(
     """
     register()
     device = next(model.parameters()).device
-    row = _Row(subtree_end.to(device), position_ids.to(device), resolve_backend(backend, device))
-    config = model.config
-    saved = config._attn_implementation
-    config._attn_implementation = NAME
+    row = _Row(subtree_end.to(device), position_ids.to(device), resolve_backend(backend, device), model.config)
+    with _active(row):
+        yield
+
+
+@contextlib.contextmanager
+def _active(row: _Row) -> Iterator[None]:
+    saved = row.config._attn_implementation
+    row.config._attn_implementation = NAME
     token = _ACTIVE.set(row)
     try:
         yield
     finally:
         _ACTIVE.reset(token)
-        config._attn_implementation = saved
+        row.config._attn_implementation = saved
+
+
+def recompute_context() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    """`context_fn` for non-reentrant `torch.utils.checkpoint`: (forward, recompute) contexts.
+
+    A layer checkpointed inside a row is recomputed during the backward, after `tree_attention`
+    has exited; without this it would attend over the whole packed row with the plain causal
+    rule and the gradients would be silently wrong. The recompute re-enters the row the forward
+    ran with (captured now, at the forward), so it attends exactly as the forward did."""
+    row = _ACTIVE.get()
+    return contextlib.nullcontext(), (_active(row) if row is not None else contextlib.nullcontext())

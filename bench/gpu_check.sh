@@ -105,8 +105,9 @@ SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -rs -p no:cacheprovider tests/srt
     -k "greedy_rollout or old_logprobs or packed_logprobs or train_step_over_shards" 2>&1 \
     | tee "$OUT/arch_matrix_$DEV.log" | tail -15
 
-step "training exactness on $DEV: a step over packed shards = the plain step (sdpa, eager, flex), srt train end to end"
+step "training exactness on $DEV: a step over packed shards = the plain step (sdpa, eager, flex; layers checkpointed too), srt train end to end"
 SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -rs -p no:cacheprovider tests/srtcli/train/test_exact.py \
+    tests/attention/test_checkpointing.py \
     "tests/srtcli/cli/test_train.py::test_shards_and_steps_agree_and_the_output_is_a_model" 2>&1 \
     | tee -a "$OUT/tests_$DEV.log" | tail -15
 
@@ -126,6 +127,8 @@ cat "$OUT/profile_${DEV}_b32"-*.txt > "$OUT/profile_${DEV}_b32.txt" 2>/dev/null 
 step "training bench on $DEV: one optimizer step, packed (tree attention) vs padded vs one sequence at a time"
 if [[ $DEV == cuda ]]; then TB=(--hidden 1024 --layers 8 --vocab 32000 --repeats 3); else TB=(--hidden 128 --layers 2 --repeats 1); fi
 timeout 240 $PY bench/train_bench.py "${TB[@]}" 2>&1 | tee "$OUT/train_bench_$DEV.log" | tail -8
+timeout 120 $PY bench/train_bench.py "${TB[@]}" --scenarios 8/1024/256 --gradient-checkpointing 2>&1 \
+    | tee -a "$OUT/train_bench_$DEV.log" | tail -5
 step "SRT proposer host cost per vLLM step (CPU only; printed beside the CUDA figures, no file)"
 for t in 1000 8192; do
     timeout 150 $PY bench/proposer_bench.py --rows 256 --tokens $t --steps 600 --own-tree --one-thread 2>&1 | tail -7

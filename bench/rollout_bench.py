@@ -26,6 +26,12 @@ time) per forward and per generated token, srt against `none`.
 examples/rl_loop.sh trains from it), as in RL: the caches then hold an older policy's rollouts
 and probabilities, and the ceiling and HF generate use the last policy.
 
+`--entropy` measures each epoch's policy's mean per-token entropy (nats, at temperature 1) over
+the tokens it generated in that epoch's first config's rollout (one tree-packed forward per
+prompt's group, `attention.tree_logprobs`) and prints it beside each config's acceptance;
+`--plot FILE.png` then draws acceptance against entropy, a point per (config, epoch): under a
+changing policy (`--models`), how far acceptance rises as the policy sharpens.
+
 `--repeat N` then runs each config's last epoch N more times, configs interleaved, each from a
 copy of its cache before that epoch and with the same seed: the same work every round (the same
 tokens and forwards), so only the time differs, and a drift of the machine's speed hits the
@@ -296,6 +302,8 @@ def main() -> None:
                     help="then the last epoch N more times per config, interleaved, from each config's cache "
                          "before it: wall-time ratios robust to the machine's drift")
     ap.add_argument("--json-out")
+    ap.add_argument("--entropy", action="store_true", help="each epoch's policy entropy beside the acceptance")
+    ap.add_argument("--plot", metavar="FILE.png", help="with --entropy: acceptance against entropy")
     ap.add_argument("--profile", metavar="PREFIX", help="cProfile the last epoch of none and srt into "
                     "PREFIX-none.txt / PREFIX-srt.txt, raw stats beside them as .prof (host vs model time; slows "
                     "those two runs)")
@@ -355,6 +363,9 @@ def main() -> None:
         s = ref["none_no_tools"]
         print(f"none without tools:             wall {s['wall_s']:.2f}s  {s['tokens_per_s']:.1f} tok/s")
     report(results, ref, names, args.epochs)
+    if args.entropy:
+        results["entropy"] = [policy_entropy(policies[e], work / f"pool-{names[0]}-{e + 1}") for e in range(args.epochs)]
+        report_entropy(results, names, args.plot)
     if args.repeat:
         def run(name: str, epoch: int, cache: Path, out: Path, drafter: object) -> dict:
             o = options(args, CONFIGS[name], policies[epoch - 1], prompts, cache, out)
@@ -369,6 +380,55 @@ def main() -> None:
         against_ceiling(results["repeat"], ceiling, args.epochs)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps({"results": results, "hf_generate": ref, "ceiling": ceiling}, indent=1))
+
+
+def policy_entropy(model_path: Path, pool: Path) -> float:
+    """The policy's mean per-token entropy (nats, temperature 1) over the generated (trained)
+    tokens of a steps pool, each group of a prompt in one tree-packed forward."""
+    import torch
+
+    from attention import tree_logprobs
+    from srtcli.models import load_model
+    from srtcli.pool import read_pool
+
+    model = load_model(model_path, torch.float32).eval()
+    groups: dict[str, list] = {}
+    for step in read_pool(pool):
+        groups.setdefault(step.prompt_uid, []).append(step)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for steps in groups.values():
+            _, ents = tree_logprobs(model, [s.input_ids for s in steps], entropy=True)
+            for step, ent in zip(steps, ents):
+                generated = torch.tensor(step.loss_mask[1:], dtype=torch.bool)
+                total += float(ent[generated].sum())
+                count += int(generated.sum())
+    return total / max(count, 1)
+
+
+def report_entropy(results: dict, names: list[str], plot: str | None) -> None:
+    """Each epoch's policy entropy beside every config's acceptance; the plot if asked."""
+    ents = results["entropy"]
+    print("\npolicy entropy (nats per generated token) and draft acceptance per epoch")
+    for e, ent in enumerate(ents):
+        accs = "  ".join(f"{n} {results[n][e]['draft_acceptance_rate']:.3f}" for n in names if n != "none")
+        print(f"epoch {e + 1}: entropy {ent:.3f}  acceptance: {accs}")
+    if not plot:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for n in (n for n in names if n != "none"):
+        ax.plot(ents, [s["draft_acceptance_rate"] for s in results[n]], "o-", label=n)
+    ax.set_xlabel("policy entropy (nats per generated token)")
+    ax.set_ylabel("draft acceptance")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(plot)
+    print(f"plot: {plot}")
 
 
 def measure_ceiling(args, model: Path, prompts: Path, work: Path) -> dict:

@@ -6,6 +6,7 @@
 #   examples/rl_loop.sh [RUN_DIR]                  # default RUN_DIR: runs/arith
 #   EPOCHS=3 K=8 LR=3e-4 examples/rl_loop.sh runs/x
 #   MODEL=examples/agent/model TOOLS=examples/agent/tools.py:TOOLS examples/rl_loop.sh runs/agent
+#   examples/smollm2/rl_loop.sh [RUN_DIR]          # the real model (its settings, then this script)
 #
 # The tree cache (RUN_DIR/cache, or $CACHE) is kept across epochs and across invocations:
 # kill the script and start it again with the same RUN_DIR and it continues where it stopped
@@ -27,7 +28,10 @@ PACK_TOKENS="${PACK_TOKENS:-2048}"  # real tokens per packed row: ~17 rows, ~10 
 MAX_NEW="${MAX_NEW:-96}"
 CACHE="${CACHE:-$RUN/cache}"
 DRAFT="${DRAFT:-srt}"
-TOOLS="${TOOLS:-calculator}"     # --tools: a built-in name or FILE.py:NAME (examples/agent/tools.py:TOOLS)
+TOOLS="${TOOLS-calculator}"      # --tools: a built-in name or FILE.py:NAME (examples/agent/tools.py:TOOLS); empty: none
+REWARD="${REWARD:-exact_match}"  # --reward: a built-in name or FILE.py:NAME
+TEMPERATURE="${TEMPERATURE:-1.0}"
+TRAIN_ARGS="${TRAIN_ARGS:-}"     # more `srt train` flags, e.g. --gradient-checkpointing
 
 if [[ -z "${SRT:-}" ]]; then
   if command -v srt >/dev/null; then SRT=srt; else SRT="$ROOT/.venv/bin/srt"; fi
@@ -39,7 +43,10 @@ MODEL0="${MODEL:-$("$PYTHON" -c 'from srtcli.models import default_model_dir; pr
 
 mkdir -p "$RUN"
 CMDS="$RUN/commands.txt"
-[[ -f "$CMDS" ]] || echo "# $(date -u +%FT%TZ) examples/rl_loop.sh $RUN  (EPOCHS=$EPOCHS K=$K EVAL_K=$EVAL_K LR=$LR BATCH=$BATCH PACK_TOKENS=$PACK_TOKENS)" > "$CMDS"
+[[ -f "$CMDS" ]] || echo "# $(date -u +%FT%TZ) examples/rl_loop.sh $RUN  (EPOCHS=$EPOCHS K=$K EVAL_K=$EVAL_K LR=$LR BATCH=$BATCH PACK_TOKENS=$PACK_TOKENS MODEL=$MODEL0 REWARD=$REWARD)" > "$CMDS"
+tools=()
+[[ -n "$TOOLS" ]] && tools=(--tools "$TOOLS")
+read -r -a train_args <<< "$TRAIN_ARGS"
 
 # run OUT.json CMD...: run CMD, keep its last stdout line (the --json object) in OUT.json.
 run() {
@@ -55,7 +62,8 @@ rollout() {  # rollout PROMPTS MODEL N CACHE POOL_DIR SEED OUT.json
   local resume=()
   [[ -f "$5/rollout.jsonl" ]] && resume=(--resume)
   run "$7" "$SRT" rollout --prompts "$1" --model "$2" -n "$3" --cache "$4" --out "$5" --seed "$6" \
-    --tools "$TOOLS" --reward exact_match --draft "$DRAFT" --max-new-tokens "$MAX_NEW" "${resume[@]}" --json
+    "${tools[@]}" --reward "$REWARD" --draft "$DRAFT" --max-new-tokens "$MAX_NEW" --temperature "$TEMPERATURE" \
+    "${resume[@]}" --json
 }
 
 model="$MODEL0"
@@ -71,7 +79,7 @@ for ((e = 0; e <= EPOCHS; e++)); do
     resume=()
     [[ -d "$d/ckpt" ]] && resume=(--resume)
     run "$d/train.json" "$SRT" train --shards "$d/shards" --model "$model" --out "$d/ckpt" \
-      --lr "$LR" --batch-size "$BATCH" --seed "$e" "${resume[@]}" --json
+      --lr "$LR" --batch-size "$BATCH" --seed "$e" "${train_args[@]}" "${resume[@]}" --json
     model="$d/ckpt"
   fi
   echo "epoch $e done in $(( $(date +%s) - start ))s" >&2

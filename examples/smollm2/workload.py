@@ -15,11 +15,17 @@ group now and then.
 
     srt rollout --prompts examples/smollm2/prompts.jsonl --model models/smollm2 \\
         --reward math_answer --max-new-tokens 256
+
+`--select POOL PROMPTS OUT` keeps the prompts of PROMPTS of which some sample in the screening
+rollout POOL earned a reward: the prompts the model sometimes solves, where a GRPO group can
+have rewards of 0 and 1 (rl_prompts.jsonl and rl_eval.jsonl, for examples/smollm2/rl_loop.sh).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,7 +41,25 @@ def chat_record(record: dict) -> dict:
             "answer": record["answer"]}
 
 
+def select(pool: Path, prompts: Path, out: Path) -> int:
+    """Write the lines of `prompts` whose id has a rewarded sample in `pool`; returns how many."""
+    sys.path.insert(0, str(HERE.parents[1]))
+    from srtcli.pool import read_pool
+
+    solved = {s.prompt_uid for s in read_pool(pool) if s.reward > 0}
+    kept = [ln for ln in prompts.read_text().splitlines() if ln.strip() and json.loads(ln)["id"] in solved]
+    out.write_text("".join(ln + "\n" for ln in kept))
+    return len(kept)
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--select", nargs=3, metavar=("POOL", "PROMPTS", "OUT"))
+    args = ap.parse_args()
+    if args.select:
+        pool, prompts, out = map(Path, args.select)
+        print(f"{out}: {select(pool, prompts, out)} prompts")
+        return
     for name in ("prompts.jsonl", "eval.jsonl"):
         lines = [json.loads(x) for x in (ARITH / name).read_text().splitlines() if x.strip()]
         (HERE / name).write_text("".join(json.dumps(chat_record(r)) + "\n" for r in lines))

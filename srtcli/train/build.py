@@ -100,6 +100,8 @@ def _models(cfg: TrainConfig, info: dist.DistInfo, source: Path, ckpt: Path | No
     dtype, where = DTYPES[cfg.dtype], Path(cfg.steps or cfg.shards)
     model = train_model(ckpt or source, dtype, attn, info.device)
     model.eval()  # dropout off; see the module docstring
+    if cfg.gradient_checkpointing:
+        _checkpoint(model, ckpt or source)
     check_fits(data, model, ckpt or source, where)
     ref = None
     if cfg.kl_coef:
@@ -113,6 +115,15 @@ def _models(cfg: TrainConfig, info: dist.DistInfo, source: Path, ckpt: Path | No
         model = shard(model)
         ref = shard(ref) if ref is not None else None
     return model, ref
+
+
+def _checkpoint(model: torch.nn.Module, path: Path) -> None:
+    from attention.checkpointing import checkpoint_layers
+
+    try:
+        checkpoint_layers(model)
+    except ValueError as e:
+        raise SrtError(f"{path}: --gradient-checkpointing: {e}") from None
 
 
 def _restore(cfg: TrainConfig, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, state: dict) -> None:

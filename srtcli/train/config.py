@@ -49,6 +49,7 @@ class TrainConfig:
     dtype: str = "float32"
     skip_bad: bool = False
     fsdp: bool = False
+    gradient_checkpointing: bool = False
 
 
 def check_config(cfg: TrainConfig) -> None:

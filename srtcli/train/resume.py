@@ -12,8 +12,8 @@ with the new options (`check_resume`):
 - allowed, said in one line: `--epochs` and `--max-steps` (they extend or cut the same batch
   plan), except that with `--lr-schedule cosine` the plan's length is the schedule's and may
   not change; and `--seed` (the checkpoint's RNG state continues, so it has no effect);
-- free, not recorded: `--micro-batch-tokens`, `--attn`, `--save-every`, `--nproc`, `--fsdp`,
-  `--skip-bad`, `--json` (they change speed or memory, not the result).
+- free, not recorded: `--micro-batch-tokens`, `--attn`, `--gradient-checkpointing`, `--save-every`,
+  `--nproc`, `--fsdp`, `--skip-bad`, `--json` (they change speed or memory, not the result).
 
 A checkpoint written before records existed has only its options: those are compared, and a
 note says that the model and data could not be checked.

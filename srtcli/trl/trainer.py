@@ -35,7 +35,7 @@ import torch
 from trl import GRPOTrainer
 from trl.kernels import ChunkedLogProbFunction
 
-from attention.hf import resolve_backend, tree_attention
+from attention.hf import recompute_context, resolve_backend, tree_attention
 from attention.logprobs import base_and_head, logits_post_processed, parents
 from attention.rows import PackedRow, pack_rows
 
@@ -97,18 +97,14 @@ def _checkpointing_ok(model: torch.nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def _tree_checkpointing(model, subtree_end, position_ids, backend):
+def _tree_checkpointing(model):
     """While a packed row runs forward, every checkpointed layer recomputes (in the backward)
-    inside the same row's tree attention; without this the recomputation would run the plain
-    mask and differ from the forward."""
+    inside the same row's tree attention (`attention.hf.recompute_context`); without this the
+    recomputation would run the plain mask and differ from the forward."""
     saved = _checkpoint_funcs(model)
-
-    def context_fn():
-        return contextlib.nullcontext(), tree_attention(model, subtree_end, position_ids, backend)
-
     try:
         for m, fn in saved:
-            m._gradient_checkpointing_func = functools.partial(fn, context_fn=context_fn)
+            m._gradient_checkpointing_func = functools.partial(fn, context_fn=recompute_context)
         yield
     finally:
         for m, fn in saved:
@@ -243,7 +239,7 @@ class PackedGRPOTrainer(GRPOTrainer):
         subtree_end, position_ids = row_attention_inputs(row)
         with self.accelerator.autocast():  # as TRL runs its fused forward
             with tree_attention(model, subtree_end, position_ids, backend), \
-                    _tree_checkpointing(model, subtree_end, position_ids, backend):
+                    _tree_checkpointing(model):
                 hidden = base(input_ids=row.input_ids.to(device)[None],
                               position_ids=position_ids.to(device)[None], use_cache=False).last_hidden_state[0]
             h = hidden.index_select(0, parent.to(device)).to(head.weight.device)

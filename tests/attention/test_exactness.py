@@ -112,6 +112,25 @@ def test_sdpa_query_blocks_are_exact_with_grads(monkeypatch):
     assert_grads_close(tree, ref, TOL)
 
 
+def test_a_blocked_backward_that_drops_gathered_key_gradients_is_caught(monkeypatch):
+    """WRONG on purpose: the blocked attention's backward adds the gradients of contiguous key
+    ranges only, dropping those of keys gathered from earlier in the tree."""
+    import attention.hf
+
+    add_keys = attention.hf._add_keys
+    monkeypatch.setattr(attention.hf, "SDPA_BLOCK", 5)
+    monkeypatch.setattr(attention.hf, "_add_keys",
+                        lambda total, keys, grad: add_keys(total, keys, grad) if isinstance(keys, slice) else None)
+    model = tiny_model("llama")
+    groups = case_several_groups(random.Random(6))
+    seqs = [s for g in groups for s in g]
+    rows = pack_rows(groups, max_tokens=256, pad_to=16)
+    ref = grads(model, lambda: sum(separate_logprobs(model, s).sum() for s in seqs))
+    tree = grads(model, lambda: sum(lp.sum() for lp in packed_all(model, rows, len(seqs))))
+    with pytest.raises(AssertionError):
+        assert_grads_close(tree, ref, TOL)
+
+
 @pytest.mark.parametrize("backend", ["eager", "flex"])
 def test_other_backends_match(backend):
     model = tiny_model("qwen2")

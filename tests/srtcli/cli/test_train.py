@@ -67,6 +67,15 @@ def test_shards_and_steps_agree_and_the_output_is_a_model(setup, tmp_path):
     assert tok.eos_token == "</s>" and model.config.vocab_size == 61
 
 
+def test_gradient_checkpointing_trains_the_same_weights(setup, tmp_path):
+    common = ["--shards", setup["shards"], "--model", setup["model"], "--lr", "1e-3", "--kl-coef", "0.05"]
+    a = run_json("train", *common, "--out", tmp_path / "a")
+    b = run_json("train", *common, "--out", tmp_path / "b", "--gradient-checkpointing")
+    assert b["loss"] == pytest.approx(a["loss"], rel=1e-5) and b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
+    wa, wb = weights(tmp_path / "a"), weights(tmp_path / "b")
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
+
+
 def test_config_file_and_flags(setup, tmp_path):
     cfg = tmp_path / "train.yaml"
     cfg.write_text(f"steps: {setup['pool']}\nmodel: {setup['model']}\nlr: 0.01\nepochs: 2\nbatch-size: 4\n")

@@ -165,11 +165,17 @@ def load(path: Path):
 
 
 def grads(model_path: Path, rows, cfg: LossConfig, micro: int = 0, ref_path: Path | None = None,
-          info: DistInfo | None = None, attn: str = "sdpa") -> tuple[float, dict[str, torch.Tensor]]:
+          info: DistInfo | None = None, attn: str = "sdpa", checkpointed: bool = False,
+          ) -> tuple[float, dict[str, torch.Tensor]]:
     """(global loss, gradients) of one optimizer step over `rows`, from the weights on disk, on
-    `info.device` (default: a single process on DEVICE); the gradients come back on the CPU."""
+    `info.device` (default: a single process on DEVICE), the policy's layers checkpointed if
+    asked; the gradients come back on the CPU."""
     info = info or DistInfo(device=DEVICE)
     model = load(model_path).to(info.device)
+    if checkpointed:
+        from attention.checkpointing import checkpoint_layers
+
+        checkpoint_layers(model)
     ref = load(ref_path).to(info.device).requires_grad_(False) if ref_path is not None else None
     res = step_gradients(model, ref, rows, cfg, micro, info, attn)
     return res.stats.loss, {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()

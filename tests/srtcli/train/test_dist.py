@@ -157,3 +157,9 @@ def test_fsdp_with_a_resume_equals_one_process(setup, one_process, tmp_path):
     r = subprocess.run([sys.executable, "-m", "srtcli", "train", *map(str, _common(setup)), "--out", tmp_path / "x", "--fsdp"],
                        env=ENV, capture_output=True, text=True)
     assert r.returncode == 1 and "--nproc" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.slow
+def test_fsdp_with_gradient_checkpointing_equals_one_process(setup, one_process, tmp_path):
+    two = _srt_json([*_common(setup), "--out", tmp_path / "two", "--nproc", "2", "--fsdp", "--gradient-checkpointing"])
+    _same_run(*one_process, two, tmp_path / "two")

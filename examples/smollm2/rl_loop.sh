@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# GRPO on the real model: examples/rl_loop.sh with SmolLM2-135M-Instruct, the real-model
+# workload and its math_answer reward, on the prompts the model sometimes solves.
+#
+#   examples/smollm2/rl_loop.sh [RUN_DIR]            # default RUN_DIR: runs/smollm2
+#   EPOCHS=4 LR=2e-5 examples/smollm2/rl_loop.sh runs/x
+#
+# The model comes from `examples/smollm2/prepare.py models/smollm2` (the README's install does
+# it; $MODEL names another directory). rl_prompts.jsonl / rl_eval.jsonl are the training and
+# held-back prompts of which a screening rollout solved at least one sample (workload.py
+# --select): on prompts it never solves, every GRPO group has one reward and no signal.
+# Training checkpoints each decoder layer (--gradient-checkpointing): a step's activations then
+# fit a few GB. Everything else (resuming, the report) is examples/rl_loop.sh's.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(dirname "$(dirname "$HERE")")"
+export MODEL="${MODEL:-$ROOT/models/smollm2}"
+export PROMPTS="${PROMPTS:-$HERE/rl_prompts.jsonl}"
+export EVAL="${EVAL:-$HERE/rl_eval.jsonl}"
+export REWARD="${REWARD:-math_answer}"
+export TOOLS="${TOOLS-}"
+export EPOCHS="${EPOCHS:-3}"
+export K="${K:-8}"
+export EVAL_K="${EVAL_K:-4}"
+export LR="${LR:-1e-5}"
+export BATCH="${BATCH:-64}"
+export PACK_TOKENS="${PACK_TOKENS:-8192}"
+export MAX_NEW="${MAX_NEW:-256}"
+export TEMPERATURE="${TEMPERATURE:-1.0}"
+export TRAIN_ARGS="${TRAIN_ARGS:---gradient-checkpointing}"
+exec "$HERE/../rl_loop.sh" "${1:-runs/smollm2}"
