@@ -9,6 +9,9 @@ each child's token. Under autograd each chunk is checkpointed, so the [T, vocab]
 never held at once, in the forward or the backward. Every sequence's values are then gathered
 along its path; everything is differentiable w.r.t. the model's parameters.
 
+With `temperature` T the log-probs (and entropies) are those of softmax(logits / T): the
+distribution a rollout sampled at temperature T drew its tokens from, as RL trainers score them.
+
 Models whose LM head is not a plain Linear (or that post-process logits: final-logit
 softcapping, a logit scale; srt's loaders find it from the model and set `POST_HEAD` on it) fall
 back to the model's full logits, still scored once per distinct pair.
@@ -52,8 +55,11 @@ def head_split(model: torch.nn.Module):
     return (None, None) if logits_post_processed(model) else base_and_head(model)
 
 
-def _score_chunk(h: torch.Tensor, head, local: torch.Tensor, tok: torch.Tensor, want_ent: bool):
+def _score_chunk(h: torch.Tensor, head, local: torch.Tensor, tok: torch.Tensor, want_ent: bool,
+                 temperature: float = 1.0):
     logits = (head(h) if head is not None else h).float()
+    if temperature != 1.0:
+        logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
     picked = logits[local, tok] - lse[local]
     if want_ent:
@@ -101,8 +107,10 @@ def row_logprobs(
     entropy: bool = False,
     backend: str = "auto",
     chunk_size: int = CHUNK,
+    temperature: float = 1.0,
 ):
-    """Per path of `row`: log-probs of its tokens 1..L-1 given the prefix (1-D float32).
+    """Per path of `row`: log-probs of its tokens 1..L-1 given the prefix (1-D float32), under
+    softmax(logits / temperature).
 
     One forward of the whole row. With `entropy=True` returns `(logprobs, entropies)`, where
     entropies[i][j] is the entropy of the distribution that predicts token j+1.
@@ -117,7 +125,7 @@ def row_logprobs(
     for c, start in enumerate(range(0, uniq.numel(), chunk_size)):
         a, b = int(bounds[c]), int(bounds[c + 1])
         h = states[uniq[start : start + chunk_size].to(device)]
-        args = (h, head, (local_all[a:b] - start).to(device), tok_all[a:b].to(device), entropy)
+        args = (h, head, (local_all[a:b] - start).to(device), tok_all[a:b].to(device), entropy, temperature)
         if torch.is_grad_enabled() and h.requires_grad:
             p, e = checkpoint(_score_chunk, *args, use_reentrant=False)
         else:

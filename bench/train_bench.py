@@ -12,7 +12,8 @@ AdamW) three ways, side by side in the same run, on the same random tiny Qwen2:
 Times come from one process per scenario that interleaves the modes step by step (a shared
 machine's load then hits every mode alike); peak memory comes from a fresh process per
 (scenario, mode) running one step (CUDA: max allocated; CPU: max RSS growth over the loaded
-model). Printed: median step seconds, peak MiB,
+model). With `--repeats 0` (for steps of minutes, as the real model's on a CPU) each mode's time
+is that one step's, in its own process, with no warm-up. Printed: median step seconds, peak MiB,
 the token ratio (packed / unpacked tokens), the time ratio packed / padded, and the target
 `packed <= 1.2 x token ratio x padded`. Not a test: timings on a shared machine are noisy.
 
@@ -183,16 +184,19 @@ def run_times(args) -> dict:
             secs, res = one_step(model, opt, rows[m], m, device, attn, args.micro_batch_tokens)
             if i >= args.warmup:
                 times[m].append(secs)
-            out[m] = {"tokens": res.tokens, "packed_tokens": res.packed_tokens,
-                      "forward_tokens": forward_tokens(rows[m], m, args.micro_batch_tokens), "device": device,
-                      "attn": attn}
+            out[m] = step_figures(rows[m], m, res, args, device, attn)
     for m in MODES:
         out[m]["step_s"] = statistics.median(times[m])
     return out
 
 
+def step_figures(rows, mode: str, res, args, device: str, attn: str) -> dict:
+    return {"tokens": res.tokens, "packed_tokens": res.packed_tokens,
+            "forward_tokens": forward_tokens(rows, mode, args.micro_batch_tokens), "device": device, "attn": attn}
+
+
 def run_memory(args) -> dict:
-    """Peak memory of one optimizer step of one mode (a fresh process per mode)."""
+    """Peak memory of one optimizer step of one mode (a fresh process per mode), and its time."""
     import torch
 
     model, steps, device, attn = setup(args)
@@ -201,8 +205,8 @@ def run_memory(args) -> dict:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    one_step(model, opt, rows, args.mode, device, attn, args.micro_batch_tokens)
-    return {"peak_mib": peak_mib(device, base)}
+    secs, res = one_step(model, opt, rows, args.mode, device, attn, args.micro_batch_tokens)
+    return {"peak_mib": peak_mib(device, base), "step_s": secs} | step_figures(rows, args.mode, res, args, device, attn)
 
 
 def _child(args, sc: str, *extra: str) -> dict:
@@ -250,9 +254,9 @@ def main() -> None:
           f"median of {args.repeats} optimizer steps per mode, modes interleaved; {args.threads} thread(s)")
     print(f"{'scenario':<12} {'mode':<7} {'step s':>8} {'peak MiB':>9} {'fwd tokens':>10}")
     for sc in scenarios:
-        res = _child(args, sc)
+        res = _child(args, sc) if args.repeats else {}
         for mode in MODES:
-            r = res[mode] | _child(args, sc, "--mode", mode)
+            res[mode] = r = _child(args, sc, "--mode", mode) | res.get(mode, {})  # the interleaved times win
             print(f"{sc:<12} {mode:<7} {r['step_s']:>8.3f} {r['peak_mib']:>9.1f} {r['forward_tokens']:>10}")
         token_ratio = res["packed"]["packed_tokens"] / res["packed"]["tokens"]
         time_ratio = res["packed"]["step_s"] / res["padded"]["step_s"]

@@ -18,7 +18,14 @@ group now and then.
 
 `--select POOL PROMPTS OUT` keeps the prompts of PROMPTS of which some sample in the screening
 rollout POOL earned a reward: the prompts the model sometimes solves, where a GRPO group can
-have rewards of 0 and 1 (rl_prompts.jsonl and rl_eval.jsonl, for examples/smollm2/rl_loop.sh).
+have rewards of 0 and 1. examples/smollm2/rl_loop.sh trains on rl_prompts.jsonl, made as below,
+and evaluates on rl_eval.jsonl, made the same way from eval.jsonl (the cost rule's draft
+lengths follow timings, so a rerun draws other samples and may keep other prompts):
+
+    srt rollout --prompts examples/smollm2/prompts.jsonl --model models/smollm2 -n 4 \
+        --reward math_answer --max-new-tokens 256 --temperature 0.6 --seed 7 --out screen
+    python examples/smollm2/workload.py --select screen examples/smollm2/prompts.jsonl \
+        examples/smollm2/rl_prompts.jsonl
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ def select(pool: Path, prompts: Path, out: Path) -> int:
     sys.path.insert(0, str(HERE.parents[1]))
     from srtcli.pool import read_pool
 
-    solved = {s.prompt_uid for s in read_pool(pool) if s.reward > 0}
+    solved = {s.meta.get("prompt_id") for s in read_pool(pool) if s.reward > 0}
     kept = [ln for ln in prompts.read_text().splitlines() if ln.strip() and json.loads(ln)["id"] in solved]
     out.write_text("".join(ln + "\n" for ln in kept))
     return len(kept)

@@ -3,6 +3,7 @@
     python examples/trl/grpo_arith.py                      # srt: speculative rollout + packed log-probs
     python examples/trl/grpo_arith.py --rollout trl        # the same run on TRL's defaults
     python examples/trl/grpo_arith.py --model bundled      # the bundled model (<calc> tags; srt runs them)
+    python examples/trl/grpo_arith.py --model smollm2 --lr 3e-5 --temperature 0.6 --max-completion-length 256  # the real model
 
 The srt run is three lines on top of a plain TRL script: `srt_rollout_func(cache=..., tools=...)`
 as the trainer's `rollout_func` (srt's engine drafting from per-prompt token trees, a tree cache
@@ -14,7 +15,10 @@ Hermes-style, which TRL parses with its Qwen3 response template; TRL cannot pars
 model's `<calc>` tags, so that model runs without tools there) and padded forwards.
 
 The model learns to answer with the calculator: the reward is exact match of the last `<answer>`
-against the prompt's answer (srt's `exact_match`). Each optimizer step prints one JSON line (mean
+against the prompt's answer (srt's `exact_match`). `--model smollm2` is the real pretrained model
+(SmolLM2-135M-Instruct from `examples/smollm2/prepare.py models/smollm2`, or `$SRT_REAL_MODEL`) on
+the real-model workload's prompts it sometimes solves (`examples/smollm2/rl_prompts.jsonl`), with
+no tools and the `math_answer` reward. Each optimizer step prints one JSON line (mean
 reward, seconds generating, tokens the log-prob forwards ran, the step's seconds), also appended
 to OUT/steps.jsonl; TRL's own log lines follow. bench/trl_bench.py runs both trainers side by side.
 """
@@ -47,9 +51,19 @@ AGENT_TOOLS = HERE.parent / "agent" / "tools.py"
 
 
 def arith_dataset(path: Path, n: int) -> datasets.Dataset:
+    """The first `n` prompts of a prompts file as chat conversations (a plain prompt is one user turn)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:n]
-    return datasets.Dataset.from_dict({"prompt": [[{"role": "user", "content": r["prompt"]}] for r in rows],
-                                       "answer": [r["answer"] for r in rows]})
+    chats = [r["prompt"] if isinstance(r["prompt"], list) else [{"role": "user", "content": r["prompt"]}] for r in rows]
+    return datasets.Dataset.from_dict({"prompt": chats, "answer": [r["answer"] for r in rows]})
+
+
+def workload(model_name: str) -> tuple[Path, Path, str]:
+    """(model directory, prompts file, reward) of the named model's workload."""
+    if model_name == "smollm2":
+        model_dir = Path(os.environ.get("SRT_REAL_MODEL", HERE.parents[1] / "models" / "smollm2"))
+        return model_dir, HERE.parent / "smollm2" / "rl_prompts.jsonl", "math_answer"
+    model_dir = default_model_dir() if model_name == "bundled" else HERE.parent / "agent" / "model"
+    return model_dir, HERE.parent / "arith" / "prompts.jsonl", "exact_match"
 
 
 class StepLog(TrainerCallback):
@@ -94,22 +108,23 @@ class StepLog(TrainerCallback):
 
 def build_trainer(rollout: str, model_name: str, out: Path, *, steps: int, prompts: int = 64, per_step: int = 16,
                   k: int = 8, lr: float = 3e-4, max_completion_length: int = 96, tools: bool = True,
-                  seed: int = 0) -> GRPOTrainer:
+                  seed: int = 0, temperature: float = 1.0) -> GRPOTrainer:
     """The trainer this example runs: `rollout` "srt" (srt's rollout_func, PackedGRPOTrainer, a
     tree cache in out/cache) or "trl" (TRL's defaults), on the bundled or the agent model, with the
     calculator between turns where the rollout can run it."""
     torch.manual_seed(seed)
-    model_dir = default_model_dir() if model_name == "bundled" else HERE.parent / "agent" / "model"
+    model_dir, prompts_path, reward = workload(model_name)
+    tools = tools and model_name != "smollm2"
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).float()
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     args = GRPOConfig(output_dir=str(out), report_to=[], use_cpu=not torch.cuda.is_available(), bf16=False,
-                      seed=seed, max_steps=steps, learning_rate=lr, num_generations=k,
+                      seed=seed, max_steps=steps, learning_rate=lr, num_generations=k, temperature=temperature,
                       per_device_train_batch_size=per_step * k, max_completion_length=max_completion_length,
                       logging_steps=1, save_strategy="no", disable_tqdm=True, log_completions=False)
-    ds = arith_dataset(HERE.parent / "arith" / "prompts.jsonl", prompts)
+    ds = arith_dataset(prompts_path, prompts)
     if rollout == "srt":
         spec = None if not tools else ("calculator" if model_name == "bundled" else f"{AGENT_TOOLS}:TOOLS")
-        return PackedGRPOTrainer(model, trl_reward("exact_match"), args=args, train_dataset=ds, processing_class=tok,
+        return PackedGRPOTrainer(model, trl_reward(reward), args=args, train_dataset=ds, processing_class=tok,
                                  rollout_func=srt_rollout_func(cache=str(out / "cache"), tools=spec))
     trl_tools = None
     if tools and model_name == "agent":
@@ -117,7 +132,7 @@ def build_trainer(rollout: str, model_name: str, out: Path, *, steps: int, promp
         tok.response_template = qwen3_template  # the agent model calls tools as Qwen3 does: TRL parses them
     elif tools:
         print("TRL cannot parse the bundled model's <calc> tags: TRL runs without tools")
-    return GRPOTrainer(model, trl_reward("exact_match"), args=args, train_dataset=ds, processing_class=tok, tools=trl_tools)
+    return GRPOTrainer(model, trl_reward(reward), args=args, train_dataset=ds, processing_class=tok, tools=trl_tools)
 
 
 def main() -> None:
@@ -126,20 +141,21 @@ def main() -> None:
                     help="srt: srt's rollout_func and PackedGRPOTrainer; trl: TRL's defaults")
     ap.add_argument("--out", default="runs/trl-arith")
     ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--prompts", type=int, default=64, help="prompts of examples/arith/prompts.jsonl used")
+    ap.add_argument("--prompts", type=int, default=64, help="prompts of the workload's prompts file used")
     ap.add_argument("--per-step", type=int, default=16, help="prompts per optimizer step")
     ap.add_argument("--k", type=int, default=8, help="completions per prompt (num_generations)")
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--max-completion-length", type=int, default=96)
-    ap.add_argument("--model", choices=["bundled", "agent"], default="agent")
+    ap.add_argument("--model", choices=["bundled", "agent", "smollm2"], default="agent")
     ap.add_argument("--no-tools", action="store_true", help="no calculator between turns")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--temperature", type=float, default=1.0)
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     trainer = build_trainer(a.rollout, a.model, out, steps=a.steps, prompts=a.prompts, per_step=a.per_step, k=a.k,
                             lr=a.lr, max_completion_length=a.max_completion_length, tools=not a.no_tools,
-                            seed=a.seed)
+                            seed=a.seed, temperature=a.temperature)
     (out / "steps.jsonl").unlink(missing_ok=True)
     trainer.add_callback(StepLog(trainer, out / "steps.jsonl"))
     trainer.train()

@@ -52,6 +52,9 @@ _PATH = click.Path(path_type=Path)
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Data-parallel processes (launches torchrun --nproc-per-node N).")
 @click.option("--fsdp", is_flag=True, help="Shard parameters, gradients and optimizer state with FSDP2 (needs --nproc >= 2 or torchrun).")
+@click.option("--temperature", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Score the policy's log-probs as softmax(logits / T)  [default: the temperature the steps "
+                   "were sampled at, recorded by srt rollout; 1 where none is]")
 @click.option("--gradient-checkpointing", is_flag=True,
               help="Recompute each decoder layer's activations in the backward instead of keeping them: "
                    "a fraction of the memory, for one more forward of each layer (docs/train.md).")

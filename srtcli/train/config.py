@@ -50,6 +50,7 @@ class TrainConfig:
     skip_bad: bool = False
     fsdp: bool = False
     gradient_checkpointing: bool = False
+    temperature: float | None = None  # None: the temperature the steps were sampled at
 
 
 def check_config(cfg: TrainConfig) -> None:

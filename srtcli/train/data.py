@@ -71,17 +71,39 @@ class TrainData:
     rows: list[WorkRow]
     source: str  # "steps" or "shards"
     manifest: dict = field(default_factory=dict)
+    temperatures: tuple[float, ...] = (1.0,)  # the distinct ones the steps were sampled at (`sampled_at`)
 
     @property
     def n_seqs(self) -> int:
         return sum(len(r.seqs) for r in self.rows)
 
 
+def sampled_at(steps: list[StepRecord]) -> tuple[float, ...]:
+    """The temperatures the steps were sampled at: their `meta.temperature` (`srt rollout`
+    records it), 1 for steps that record none or were greedy (0)."""
+    return tuple(sorted({float(s.meta.get("temperature") or 1.0) for s in steps})) or (1.0,)
+
+
+def training_temperature(data: TrainData, override: float | None, where: Path) -> float:
+    """The temperature training scores the policy at: `override` (`--temperature`), else the
+    one the steps were sampled at. Their old log-probs are those of softmax(logits / T), so the
+    policy's must be too (as TRL and verl score them); steps sampled at different temperatures
+    share no one ratio and are refused."""
+    if override is not None:
+        return override
+    if len(data.temperatures) > 1:
+        shown = ", ".join(f"{t:g}" for t in data.temperatures)
+        raise SrtError(f"{where}: steps sampled at different temperatures ({shown}): train each apart, "
+                       f"or score them all at one with --temperature")
+    return data.temperatures[0]
+
+
 def load_steps(pool: Path, skip_bad: bool = False) -> TrainData:
     """The reference path: every step of the pool is its own plain row; GRPO where needed."""
     steps = read_pool(Path(pool), skip_bad=skip_bad)
     adv = grpo_advantages(steps)
-    return TrainData([WorkRow([TrainSeq.from_step(s, a)]) for s, a in zip(steps, adv)], "steps")
+    return TrainData([WorkRow([TrainSeq.from_step(s, a)]) for s, a in zip(steps, adv)], "steps",
+                     temperatures=sampled_at(steps))
 
 
 def load_packed(shards: Path) -> TrainData:
@@ -106,7 +128,8 @@ def load_packed(shards: Path) -> TrainData:
                 raise SrtError(f"{shards}: row {i} has a step without an advantage (re-run `srt pack`)")
             seqs.append(TrainSeq.from_step(s, s.advantage))
         rows.append(WorkRow(seqs, sr.row))
-    return TrainData(rows, "shards", dict(manifest or {}))
+    steps = [s for sr in shard_rows for s in sr.steps]
+    return TrainData(rows, "shards", dict(manifest or {}), sampled_at(steps))
 
 
 def check_fits(data: TrainData, model: Any, model_path: Path, where: Path) -> None:

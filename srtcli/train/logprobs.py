@@ -9,6 +9,8 @@ log-probs came from a plain causal forward or from a packed tree row.
   mask, a standard causal forward;
 - packed rows (`--shards`): `attention.row_logprobs` runs the tree-masked forward and
   gathers each sequence's log-probs along its path.
+
+Both score softmax(logits / temperature), the rollout's sampling temperature (`TrainData`).
 """
 
 from __future__ import annotations
@@ -33,9 +35,11 @@ class SeqTensors:
     adv: torch.Tensor  # [n]
 
 
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target) under logits [..., V], computed in float32."""
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log p(target) under softmax(logits / temperature) [..., V], computed in float32."""
     logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
     picked = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)
 
@@ -53,11 +57,12 @@ def targets_of(seqs: list[TrainSeq], width: int, device: torch.device | str) -> 
     return old.to(device), mask.to(device), adv.to(device)
 
 
-def _score(h: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor) -> torch.Tensor:
-    return token_logprobs(head(h), targets)
+def _score(h: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    return token_logprobs(head(h), targets, temperature)
 
 
-def plain_logprobs(model: torch.nn.Module, seqs: list[TrainSeq], device: torch.device | str) -> torch.Tensor:
+def plain_logprobs(model: torch.nn.Module, seqs: list[TrainSeq], device: torch.device | str,
+                   temperature: float = 1.0) -> torch.Tensor:
     """[B, Lmax-1] log-probs of the steps as one right-padded causal batch.
 
     The LM head runs on real (non-pad) positions only, CHUNK at a time and checkpointed under
@@ -74,23 +79,23 @@ def plain_logprobs(model: torch.nn.Module, seqs: list[TrainSeq], device: torch.d
     base, head = head_split(model)
     if base is None:
         logits = model(input_ids=ids, attention_mask=att, use_cache=False).logits
-        return token_logprobs(logits[:, :-1], ids[:, 1:])
+        return token_logprobs(logits[:, :-1], ids[:, 1:], temperature)
     states = base(input_ids=ids, attention_mask=att, use_cache=False).last_hidden_state[:, :-1]
     where = att[:, 1:].bool()
     h, tgt = states[where], ids[:, 1:][where]
     parts = []
     for a in range(0, h.shape[0], CHUNK):
-        args = (h[a : a + CHUNK], head, tgt[a : a + CHUNK])
+        args = (h[a : a + CHUNK], head, tgt[a : a + CHUNK], temperature)
         parts.append(checkpoint(_score, *args, use_reentrant=False) if h.requires_grad else _score(*args))
     out = states.new_zeros(where.shape, dtype=torch.float32)
     return out.masked_scatter(where, torch.cat(parts)) if parts else out
 
 
-def packed_logprobs(model: torch.nn.Module, row: object, attn: str) -> list[torch.Tensor]:
+def packed_logprobs(model: torch.nn.Module, row: object, attn: str, temperature: float = 1.0) -> list[torch.Tensor]:
     """Per-path log-probs of one packed row (tree attention)."""
     from attention import row_logprobs
 
-    return row_logprobs(model, row, backend=attn)
+    return row_logprobs(model, row, backend=attn, temperature=temperature)
 
 
 def _pad_stack(parts: list[torch.Tensor], width: int) -> torch.Tensor:
@@ -103,20 +108,20 @@ def _pad_stack(parts: list[torch.Tensor], width: int) -> torch.Tensor:
 
 
 def micro_logprobs(
-    model: torch.nn.Module, rows: list[WorkRow], device: torch.device | str, attn: str
+    model: torch.nn.Module, rows: list[WorkRow], device: torch.device | str, attn: str, temperature: float = 1.0
 ) -> tuple[list[TrainSeq], torch.Tensor]:
     """All sequences of a micro-batch and their [n, W] log-probs, in a fixed order."""
     plain = [r.seqs[0] for r in rows if r.packed is None]
     seqs: list[TrainSeq] = []
     parts: list[torch.Tensor] = []
     if plain:
-        lp = plain_logprobs(model, plain, device)
+        lp = plain_logprobs(model, plain, device, temperature)
         seqs.extend(plain)
         parts.extend(lp[i, : len(s) - 1] for i, s in enumerate(plain))
     for r in rows:
         if r.packed is not None:
             seqs.extend(r.seqs)
-            parts.extend(packed_logprobs(model, r.packed, attn))
+            parts.extend(packed_logprobs(model, r.packed, attn, temperature))
     width = max(max(len(s) - 1 for s in seqs), 1)
     return seqs, _pad_stack(parts, width)
 
@@ -127,12 +132,14 @@ def micro_tensors(
     rows: list[WorkRow],
     device: torch.device | str,
     attn: str,
+    temperature: float = 1.0,
 ) -> tuple[SeqTensors, torch.Tensor | None]:
-    """Everything the loss needs for one micro-batch: (policy tensors, reference log-probs)."""
-    seqs, lp = micro_logprobs(model, rows, device, attn)
+    """Everything the loss needs for one micro-batch: (policy tensors, reference log-probs),
+    both at the rollout's temperature."""
+    seqs, lp = micro_logprobs(model, rows, device, attn, temperature)
     ref = None
     if ref_model is not None:
         with torch.no_grad():
-            _, ref = micro_logprobs(ref_model, rows, device, attn)
+            _, ref = micro_logprobs(ref_model, rows, device, attn, temperature)
     old, mask, adv = targets_of(seqs, lp.shape[1], device)
     return SeqTensors(lp, old, mask, adv), ref

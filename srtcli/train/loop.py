@@ -24,7 +24,7 @@ from srtcli.train import dist
 from srtcli.train.build import Built, build
 from srtcli.train.checkpoint import publish_final, remove_partial, save_checkpoint, step_dir
 from srtcli.train.config import TrainConfig, check_config, check_out, model_dir, resolve_attn
-from srtcli.train.data import TrainData, WorkRow, load_packed, load_steps, plan_batches
+from srtcli.train.data import TrainData, WorkRow, load_packed, load_steps, plan_batches, training_temperature
 from srtcli.train.loss import LossConfig
 from srtcli.train.metrics import METRICS, Reporter, trim_metrics
 from srtcli.train.step import step_gradients, step_record
@@ -41,7 +41,7 @@ def precheck(cfg: TrainConfig) -> None:
     """Every user error `train` would find before loading a model, and the model directory:
     once, in this process, before `--nproc` launches ranks that would each report it."""
     check_config(cfg)
-    load_data(cfg)
+    training_temperature(load_data(cfg), cfg.temperature, Path(cfg.steps or cfg.shards))
     resolve_attn(cfg.attn, "cuda" if torch.cuda.is_available() else "cpu")
     check_out(cfg)
     check_model_dir(model_dir(cfg), tokenizer=False)
@@ -85,9 +85,11 @@ def _loop(cfg: TrainConfig, info: dist.DistInfo, data: TrainData, batches: list[
         reporter.info(note)
     if start >= total:
         return _nothing_to_do(cfg, info, data, total, built, reporter)
-    loss_cfg = LossConfig(cfg.clip, cfg.kl_coef, cfg.loss_agg)
+    temperature = training_temperature(data, cfg.temperature, Path(cfg.steps or cfg.shards))
+    loss_cfg = LossConfig(cfg.clip, cfg.kl_coef, cfg.loss_agg, temperature)
+    scored = f"log-probs at temperature {temperature:g}, " if temperature != 1.0 else ""
     reporter.info(
-        f"srt train: {data.source} ({data.n_seqs} sequences in {len(data.rows)} rows), "
+        f"srt train: {data.source} ({data.n_seqs} sequences in {len(data.rows)} rows), {scored}"
         f"{len(batches)} optimizer steps per epoch, {total} in all; attention: {built.attn}; "
         f"world {info.world} on {info.device}" + (f"; resuming at step {start} from {ckpt}" if ckpt else "")
     )

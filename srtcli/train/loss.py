@@ -38,6 +38,7 @@ class LossConfig:
     clip: float = 0.2
     kl_coef: float = 0.0
     agg: str = "token-mean"
+    temperature: float = 1.0  # log-probs of softmax(logits / T): the distribution the rollout sampled
 
     def __post_init__(self) -> None:
         if self.agg not in AGG_MODES:

@@ -77,7 +77,7 @@ def _accumulate(model: torch.nn.Module, ref_model: torch.nn.Module | None, batch
         real = i < len(mbs)
         if fsdp:
             set_sync(model, i == n - 1)
-        t, ref_lp = micro_tensors(fwd, ref_fwd, mbs[i] if real else spare, info.device, attn)
+        t, ref_lp = micro_tensors(fwd, ref_fwd, mbs[i] if real else spare, info.device, attn, loss_cfg.temperature)
         share, st = batch_loss(t.lp, t.old, t.adv, t.mask, ref_lp, loss_cfg, norm)
         scale = (info.world if fsdp else 1) * (1.0 if real else 0.0)
         (share * scale if scale != 1 else share).backward()

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.train_bench import fewshot_steps, forward_tokens, synthetic_steps, work_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,8 +34,9 @@ def test_forward_tokens_count_a_padded_micro_batch_at_its_longest_sequence():
     assert forward_tokens(work_rows(steps, "packed"), "packed", 1 << 30) == 128  # one row, padded to 128
 
 
-def test_a_tiny_run_prints_every_figure():
-    cmd = [sys.executable, "bench/train_bench.py", "--scenarios", "4/32/16", "--repeats", "1", "--warmup", "0",
+@pytest.mark.parametrize("repeats", ["1", "0"])  # 0: each mode timed in its memory run
+def test_a_tiny_run_prints_every_figure(repeats):
+    cmd = [sys.executable, "bench/train_bench.py", "--scenarios", "4/32/16", "--repeats", repeats, "--warmup", "0",
            "--hidden", "32", "--layers", "1", "--vocab", "64", "--gradient-checkpointing", "--micro-batch-tokens", "64"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "(gradient checkpointing)" in out

@@ -36,7 +36,7 @@ def trl_reads_tool_calls() -> bool:
 @pytest.mark.skipif(not trl_reads_tool_calls(), reason="TRL's own trainer (the baseline) calls tools only with "
                     "a transformers whose parse_response takes prefix= (5.19 does, 5.10 does not)")
 def test_both_trainers_log_every_step_and_packing_runs_fewer_tokens():
-    a = Namespace(epochs=2, prompts=4, per_step=2, k=4, seed=0)
+    a = Namespace(epochs=2, prompts=4, per_step=2, k=4, seed=0, lr=3e-4, max_completion_length=96, temperature=1.0)
     ex = example_module()
     srt, trl = run(ex, "srt", "agent", a), run(ex, "trl", "agent", a)
     for rows in (srt, trl):
@@ -57,3 +57,13 @@ def test_the_example_script_runs_from_the_command_line(tmp_path):
     rows = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert (out / "cache").is_dir()  # srt's tree cache, kept for the next run
+
+
+def test_the_real_model_workload_reads_its_chat_prompts_and_math_answers():
+    ex = example_module()
+    model_dir, prompts, reward = ex.workload("smollm2")
+    assert prompts == ROOT / "examples" / "smollm2" / "rl_prompts.jsonl" and reward == "math_answer"
+    ds = ex.arith_dataset(prompts, 2)
+    first = json.loads(prompts.read_text().splitlines()[0])
+    assert ds[0]["prompt"] == first["prompt"] and ds[0]["answer"] == first["answer"]
+    assert ex.arith_dataset(ROOT / "examples" / "arith" / "prompts.jsonl", 1)[0]["prompt"][0]["role"] == "user"

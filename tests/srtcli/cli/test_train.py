@@ -277,3 +277,36 @@ def test_a_checkpoint_without_a_run_record_resumes_with_a_note(setup, tmp_path):
     notes = [line for line in r.output.splitlines() if "no run record" in line]
     assert len(notes) == 1 and "model and data could not be checked" in notes[0]
     assert json.loads(r.stdout.strip().splitlines()[-1])["steps_run"] == 1
+
+
+def test_training_scores_the_policy_at_the_rollouts_temperature(tmp_path):
+    """A pool sampled at T = 0.6 holds log-probs of softmax(logits / 0.6); training from the
+    rollout's own policy must then see every ratio at 1 on both data paths. Scoring at T = 1
+    instead (`--temperature 1`, what ignoring the pool's temperature would do) is caught."""
+    lines = Path("examples/arith/prompts.jsonl").read_text().splitlines(True)
+    pools = {}
+    for i, t in enumerate(("0.6", "1.0")):  # other prompts each, so that the pools can be mixed
+        prompts, pools[t] = tmp_path / f"prompts-{t}.jsonl", tmp_path / f"pool-{t}"
+        prompts.write_text("".join(lines[4 * i : 4 * i + 4]))
+        run_json("rollout", "--prompts", prompts, "-n", "4", "--max-new-tokens", "24", "--temperature", t,
+                 "--cache", tmp_path / f"cache-{t}", "--out", pools[t])
+    shards = tmp_path / "shards"
+    run_json("pack", "--steps", pools["0.6"], "--out", shards)
+
+    def ratio(*data, extra=()):
+        out = tmp_path / f"train-{len(list(tmp_path.iterdir()))}"
+        run_json("train", *data, "--out", out, "--lr", "1e-3", *extra)
+        return json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+
+    for data in (("--shards", shards), ("--steps", pools["0.6"])):
+        rec = ratio(*data)
+        assert rec["clip_frac"] == 0 and rec["ratio_mean"] == pytest.approx(1.0, abs=1e-4), data
+    wrong = ratio("--steps", pools["0.6"], extra=("--temperature", "1"))
+    assert wrong["clip_frac"] > 0 and abs(wrong["ratio_mean"] - 1.0) > 1e-3, wrong
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    (mixed / "rollout.jsonl").write_text("".join((p / "rollout.jsonl").read_text() for p in pools.values()))
+    r = srt("train", "--steps", mixed, "--out", tmp_path / "x")
+    assert r.exit_code == 1 and "steps sampled at different temperatures (0.6, 1)" in r.output
+    assert ratio("--steps", mixed, extra=("--temperature", "0.6"))["clip_frac"] >= 0  # an explicit T trains them
