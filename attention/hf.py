@@ -159,8 +159,7 @@ class BlockedAttention(torch.autograd.Function):
     def forward(ctx, query, key, value, block, blocks):
         ctx.block, ctx.blocks = block, blocks
         ctx.save_for_backward(query, key, value)
-        outs = [block(query[:, :, a:b], _keys(key, ks), _keys(value, ks), m) for a, b, ks, m in blocks]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+        return blocked_attention(query, key, value, block, blocks)
 
     @staticmethod
     def backward(ctx, grad):
@@ -176,6 +175,12 @@ class BlockedAttention(torch.autograd.Function):
             _add_keys(dk, ks, gk)
             _add_keys(dv, ks, gv)
         return dq, dk, dv, None, None
+
+
+def blocked_attention(query, key, value, block, blocks) -> torch.Tensor:
+    """Each query block's attention over its keys, concatenated along the positions."""
+    outs = [block(query[:, :, a:b], _keys(key, ks), _keys(value, ks), m) for a, b, ks, m in blocks]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
 def _add_keys(total: torch.Tensor, keys: slice | torch.Tensor, grad: torch.Tensor) -> None:
@@ -201,7 +206,7 @@ def _tree_forward(row: _Row, module, query, key, value, dropout, scaling, window
 
         blocks = row.blocks(window)
         if dropout and module.training:  # a recomputed block would draw other dropout masks
-            out = torch.cat([block(query[:, :, a:b], _keys(key, ks), _keys(value, ks), m) for a, b, ks, m in blocks], 2)
+            out = blocked_attention(query, key, value, block, blocks)
         else:
             out = BlockedAttention.apply(query, key, value, block, blocks)
         return out.transpose(1, 2).contiguous(), None
