@@ -228,6 +228,7 @@ def srt_tree_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The registered attention function: tree mask inside a row, plain SDPA outside."""
+    query, key, value = one_dtype(query, key, value)
     row = _ACTIVE.get()
     if row is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -241,6 +242,18 @@ def srt_tree_attention(
         if kwargs.get(name) is not None:
             raise NotImplementedError(f"tree attention does not support `{name}` (used by this model)")
     return _tree_forward(row, module, query, key, value, dropout, scaling, sliding_window, softcap)
+
+
+def one_dtype(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """q, k and v in one dtype. Under autocast the rotary embedding leaves q and k in the
+    weights' float32 beside a bf16 v, and SDPA takes one dtype: the autocast dtype then, as
+    CUDA's autocast casts SDPA's inputs (a CPU's does not)."""
+    if query.dtype == key.dtype == value.dtype:
+        return query, key, value
+    kind = query.device.type
+    target = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else \
+        torch.promote_types(torch.promote_types(query.dtype, key.dtype), value.dtype)
+    return query.to(target), key.to(target), value.to(target)
 
 
 def _srt_tree_mask(*args: Any, **kwargs: Any):

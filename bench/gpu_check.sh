@@ -23,7 +23,9 @@
 #   2c. runs the training exactness tests on CUDA: one optimizer step over packed shards equals
 #      the plain per-step reference in loss and gradients (1e-5) for every scenario and loss
 #      aggregation, with the tree attention by sdpa, eager and the compiled FlexAttention that
-#      `srt train` uses by default with CUDA, and `srt train` end to end (shards against steps);
+#      `srt train` uses by default with CUDA, the same under bf16 autocast (`--mixed-precision`,
+#      on by default with CUDA: packed = plain to bf16's rounding, float32 weights keeping the
+#      updates bf16 weights lose), and `srt train` end to end (shards against steps);
 #      nothing else in this script trains;
 #   3. runs bench/rollout_bench.py with the embedded engine on CUDA (bundled workload, K = 8,
 #      T = 1, three epochs) at batch 32 and at batch 8, JSON results beside the logs (`srt` cuts
@@ -105,10 +107,11 @@ SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -rs -p no:cacheprovider tests/srt
     -k "greedy_rollout or old_logprobs or packed_logprobs or train_step_over_shards" 2>&1 \
     | tee "$OUT/arch_matrix_$DEV.log" | tail -15
 
-step "training exactness on $DEV: a step over packed shards = the plain step (sdpa, eager, flex; layers checkpointed too), srt train end to end"
+step "training exactness on $DEV: a step over packed shards = the plain step (sdpa, eager, flex; layers checkpointed too; bf16 autocast), srt train end to end"
 SRT_TEST_DEVICE=$DEV timeout 240 $PY -m pytest -rs -p no:cacheprovider tests/srtcli/train/test_exact.py \
-    tests/attention/test_checkpointing.py \
-    "tests/srtcli/cli/test_train.py::test_shards_and_steps_agree_and_the_output_is_a_model" 2>&1 \
+    tests/attention/test_checkpointing.py tests/srtcli/train/test_precision.py \
+    "tests/srtcli/cli/test_train.py::test_shards_and_steps_agree_and_the_output_is_a_model" \
+    "tests/srtcli/cli/test_train.py::test_mixed_precision_keeps_the_small_updates_that_bf16_weights_round_away" 2>&1 \
     | tee -a "$OUT/tests_$DEV.log" | tail -15
 
 step "rollout bench, $DEV, batch 32"

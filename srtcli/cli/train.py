@@ -47,7 +47,11 @@ _PATH = click.Path(path_type=Path)
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--grad-clip", type=click.FloatRange(min=0), default=1.0, show_default=True, help="Max gradient norm (0 = off).")
 @click.option("--weight-decay", type=click.FloatRange(min=0), default=0.0, show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True,
+              help="The weights', gradients' and optimizer states' dtype.")
+@click.option("--mixed-precision", type=click.Choice(["auto", "bf16", "no"]), default="auto", show_default=True,
+              help="Run the forwards under bf16 autocast over the --dtype weights; auto: on a CUDA device "
+                   "that supports bf16, not on a CPU (docs/train.md).")
 @click.option("--skip-bad", is_flag=True, help="Skip malformed pool lines (counted) instead of failing.")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
               help="Data-parallel processes (launches torchrun --nproc-per-node N).")

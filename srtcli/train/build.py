@@ -22,6 +22,7 @@ from srtcli.train import dist
 from srtcli.train.checkpoint import latest_checkpoint, load_state, optimizer_state_by_index, set_rng_state
 from srtcli.train.config import DTYPES, TrainConfig, model_dir, resolve_attn
 from srtcli.train.data import TrainData, check_fits
+from srtcli.train.precision import autocast_dtype
 from srtcli.train.resume import check_resume, run_definition
 
 # plain rows' HF attention (packed rows pick their own): None is transformers' default, sdpa where
@@ -41,6 +42,7 @@ class Built:
     start: int
     ckpt: Path | None
     attn: str
+    compute_dtype: torch.dtype | None  # the forwards' autocast dtype (srtcli.train.precision); None: none
     notes: list[str]
     run: dict[str, Any]  # the run record every checkpoint keeps (srtcli.train.resume)
 
@@ -64,7 +66,8 @@ def build(cfg: TrainConfig, info: dist.DistInfo, total: int, data: TrainData) ->
     if state is not None:
         _restore(cfg, model, opt, sched, state)
         start = int(state["step"])
-    return Built(source, model, ref, opt, sched, start, ckpt, attn, notes, run)
+    compute = autocast_dtype(cfg.mixed_precision, info.device)
+    return Built(source, model, ref, opt, sched, start, ckpt, attn, compute, notes, run)
 
 
 def lr_factor(schedule: str, warmup: int, total: int):

@@ -17,6 +17,7 @@ from srtcli.errors import SrtError
 from srtcli.models import default_model_dir
 from srtcli.train.checkpoint import has_run
 from srtcli.train.loss import LossConfig
+from srtcli.train.precision import MODES as MIXED_PRECISION
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,6 +51,7 @@ class TrainConfig:
     skip_bad: bool = False
     fsdp: bool = False
     gradient_checkpointing: bool = False
+    mixed_precision: str = "auto"  # srtcli.train.precision: bf16 autocast where the device does bf16 well
     temperature: float | None = None  # None: the temperature the steps were sampled at
 
 
@@ -65,6 +67,8 @@ def check_config(cfg: TrainConfig) -> None:
     LossConfig(cfg.clip, cfg.kl_coef, cfg.loss_agg)  # validates the aggregation
     if cfg.dtype not in DTYPES:
         raise SrtError(f"unknown --dtype {cfg.dtype!r}")
+    if cfg.mixed_precision not in MIXED_PRECISION:
+        raise SrtError(f"unknown --mixed-precision {cfg.mixed_precision!r}")
 
 
 def check_out(cfg: TrainConfig) -> None:

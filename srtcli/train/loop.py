@@ -90,7 +90,8 @@ def _loop(cfg: TrainConfig, info: dist.DistInfo, data: TrainData, batches: list[
     scored = f"log-probs at temperature {temperature:g}, " if temperature != 1.0 else ""
     reporter.info(
         f"srt train: {data.source} ({data.n_seqs} sequences in {len(data.rows)} rows), {scored}"
-        f"{len(batches)} optimizer steps per epoch, {total} in all; attention: {built.attn}; "
+        f"{len(batches)} optimizer steps per epoch, {total} in all; attention: {built.attn}"
+        f"{', bf16 autocast' if built.compute_dtype is not None else ''}; "
         f"world {info.world} on {info.device}" + (f"; resuming at step {start} from {ckpt}" if ckpt else "")
     )
     first: dict[str, Any] | None = None
@@ -110,7 +111,7 @@ def _loop(cfg: TrainConfig, info: dist.DistInfo, data: TrainData, batches: list[
     if info.main:
         publish_final(Path(cfg.out), step_dir(Path(cfg.out), total))
     dist.barrier(info)
-    return _summary(cfg, info, data, built.attn, first, last, total, total - start, time.perf_counter() - t0)
+    return _summary(cfg, info, data, built, first, last, total, total - start, time.perf_counter() - t0)
 
 
 def _optimizer_step(cfg: TrainConfig, info: dist.DistInfo, batches: list[list[WorkRow]], step: int,
@@ -121,7 +122,8 @@ def _optimizer_step(cfg: TrainConfig, info: dist.DistInfo, batches: list[list[Wo
     ts = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     batch = batches[step % len(batches)]
-    res = step_gradients(model, built.ref, batch, loss_cfg, cfg.micro_batch_tokens, info, built.attn, cfg.fsdp)
+    res = step_gradients(model, built.ref, batch, loss_cfg, cfg.micro_batch_tokens, info, built.attn, cfg.fsdp,
+                         built.compute_dtype)
     limit = cfg.grad_clip if cfg.grad_clip > 0 else float("inf")
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, limit))
     lr = sched.get_last_lr()[0]
@@ -161,10 +163,10 @@ def _nothing_to_do(cfg: TrainConfig, info: dist.DistInfo, data: TrainData, total
     if info.main:
         publish_final(Path(cfg.out), built.ckpt)  # the model at the root is that checkpoint's
     dist.barrier(info)
-    return _summary(cfg, info, data, built.attn, None, None, start, 0, 0.0)
+    return _summary(cfg, info, data, built, None, None, start, 0, 0.0)
 
 
-def _summary(cfg: TrainConfig, info: dist.DistInfo, data: TrainData, attn: str, first: dict | None,
+def _summary(cfg: TrainConfig, info: dist.DistInfo, data: TrainData, built: Built, first: dict | None,
              last: dict | None, steps: int, steps_run: int, wall: float) -> dict[str, Any]:
     summary = {
         "loss": first["loss"] if first else None,
@@ -175,7 +177,8 @@ def _summary(cfg: TrainConfig, info: dist.DistInfo, data: TrainData, attn: str, 
         "wall_s": wall,
         "tokens": sum(r.tokens for r in data.rows),
         "packed_tokens": sum(r.packed_tokens for r in data.rows),
-        "attn": attn,
+        "attn": built.attn,
+        "mixed_precision": "no" if built.compute_dtype is None else "bf16",
         "world": info.world,
         "fsdp": cfg.fsdp,
         "out": str(cfg.out),

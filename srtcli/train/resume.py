@@ -28,10 +28,11 @@ from srtcli.errors import SrtError
 from srtcli.run_record import file_entry, mismatches, show
 
 REFUSED = ("--steps", "--shards", "--model", "--ref-model", "--lr", "--weight-decay", "--clip", "--kl-coef",
-           "--loss-agg", "--grad-clip", "--dtype", "--batch-size", "--lr-schedule", "--warmup-steps", "--temperature")
+           "--loss-agg", "--grad-clip", "--dtype", "--batch-size", "--lr-schedule", "--warmup-steps", "--temperature",
+           "--mixed-precision")
 PLAN_LENGTH = ("--epochs", "--max-steps")
 SCALARS = ("lr", "weight_decay", "clip", "kl_coef", "loss_agg", "grad_clip", "dtype", "batch_size",
-           "lr_schedule", "warmup_steps", "epochs", "max_steps", "seed", "temperature")
+           "lr_schedule", "warmup_steps", "epochs", "max_steps", "seed", "temperature", "mixed_precision")
 
 
 def _flag(field: str) -> str:

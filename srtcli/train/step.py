@@ -8,6 +8,7 @@ many, on one rank or several; tests/srtcli/train/ checks exactly that. The piece
     srtcli.train.logprobs  a micro-batch -> per-sequence log-probs (plain causal or tree-packed)
     srtcli.train.loss      PPO-clip + k3 KL, over *global* normalisers
     srtcli.train.dist      all-reduce of normalisers, gradients (SUM) and figures
+    srtcli.train.precision the forwards' bf16 autocast, where `--mixed-precision` asks for it
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from srtcli.train import dist
 from srtcli.train.data import WorkRow, micro_batches, split_ranks
 from srtcli.train.logprobs import micro_tensors
 from srtcli.train.loss import LossConfig, LossStats, Normalizers, batch_loss, count_normalizers
+from srtcli.train.precision import autocast
 
 
 @dataclass
@@ -43,8 +45,10 @@ def step_gradients(
     info: dist.DistInfo,
     attn: str = "sdpa",
     fsdp: bool = False,
+    compute_dtype: torch.dtype | None = None,
 ) -> StepResult:
-    """Accumulate the global batch's gradient into `.grad` (summed over ranks)."""
+    """Accumulate the global batch's gradient into `.grad` (summed over ranks); the forwards
+    run under autocast to `compute_dtype` when one is given (srtcli.train.precision)."""
     mine = split_ranks(batch, info.world)[info.rank]
     local = count_normalizers([s.loss_mask for r in mine for s in r.seqs])
     # the normalisers must be global: a rank dividing by its own counts would weight its
@@ -52,7 +56,7 @@ def step_gradients(
     tokens, seqs = dist.all_reduce_sum(info, [local.tokens, local.seqs])
     norm = Normalizers(tokens, seqs)
     mbs = micro_batches(mine, micro_tokens)
-    stats = _accumulate(model, ref_model, batch, mbs, loss_cfg, norm, info, attn, fsdp)
+    stats = _accumulate(model, ref_model, batch, mbs, loss_cfg, norm, info, attn, fsdp, compute_dtype)
     if not fsdp:
         dist.sum_gradients(info, [p for p in model.parameters() if p.requires_grad])
     counts = [sum(r.tokens for r in mine), sum(r.packed_tokens for r in mine), sum(len(r.seqs) for r in mine)]
@@ -62,7 +66,7 @@ def step_gradients(
 
 def _accumulate(model: torch.nn.Module, ref_model: torch.nn.Module | None, batch: list[WorkRow],
                 mbs: list[list[WorkRow]], loss_cfg: LossConfig, norm: Normalizers, info: dist.DistInfo,
-                attn: str, fsdp: bool) -> LossStats:
+                attn: str, fsdp: bool, compute_dtype: torch.dtype | None = None) -> LossStats:
     """Forward and backward of this rank's micro-batches; their summed loss figures."""
     stats = LossStats()
     n = len(mbs)
@@ -77,7 +81,8 @@ def _accumulate(model: torch.nn.Module, ref_model: torch.nn.Module | None, batch
         real = i < len(mbs)
         if fsdp:
             set_sync(model, i == n - 1)
-        t, ref_lp = micro_tensors(fwd, ref_fwd, mbs[i] if real else spare, info.device, attn, loss_cfg.temperature)
+        with autocast(compute_dtype, info.device):
+            t, ref_lp = micro_tensors(fwd, ref_fwd, mbs[i] if real else spare, info.device, attn, loss_cfg.temperature)
         share, st = batch_loss(t.lp, t.old, t.adv, t.mask, ref_lp, loss_cfg, norm)
         scale = (info.world if fsdp else 1) * (1.0 if real else 0.0)
         (share * scale if scale != 1 else share).backward()

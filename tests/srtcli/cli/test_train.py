@@ -76,6 +76,27 @@ def test_gradient_checkpointing_trains_the_same_weights(setup, tmp_path):
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) < 1e-6
 
 
+def test_mixed_precision_keeps_the_small_updates_that_bf16_weights_round_away(setup, tmp_path):
+    """At lr 1e-6 Adam moves each weight by ~1e-6, far below bf16's resolution for weights of
+    ~0.02: bf16 weights (`--dtype bfloat16`, the wrong variant) come out unchanged, float32
+    weights under bf16 autocast (`--mixed-precision bf16`) are updated."""
+    common = ["--shards", setup["shards"], "--model", setup["model"], "--lr", "1e-6"]
+    start = weights(setup["model"])
+    amp = run_json("train", *common, "--out", tmp_path / "amp", "--mixed-precision", "bf16")
+    low = run_json("train", *common, "--out", tmp_path / "low", "--dtype", "bfloat16", "--mixed-precision", "no")
+    assert amp["mixed_precision"] == "bf16" and low["mixed_precision"] == "no"
+    w_amp, w_low = weights(tmp_path / "amp"), weights(tmp_path / "low")
+    assert all(w.dtype == torch.float32 for w in w_amp.values())
+
+    def moved(w: dict, before: dict) -> float:  # the fraction of the weights the step changed
+        return sum(int((w[k] != before[k]).sum()) for k in w) / sum(v.numel() for v in w.values())
+
+    assert moved(w_amp, start) > 0.5
+    assert moved(w_low, {k: v.bfloat16() for k, v in start.items()}) < 0.05  # only weights near 0
+    auto = run_json("train", *common, "--out", tmp_path / "auto")  # on a CPU: no autocast
+    assert auto["mixed_precision"] == ("bf16" if torch.cuda.is_available() else "no")
+
+
 def test_config_file_and_flags(setup, tmp_path):
     cfg = tmp_path / "train.yaml"
     cfg.write_text(f"steps: {setup['pool']}\nmodel: {setup['model']}\nlr: 0.01\nepochs: 2\nbatch-size: 4\n")

@@ -166,10 +166,11 @@ def load(path: Path):
 
 def grads(model_path: Path, rows, cfg: LossConfig, micro: int = 0, ref_path: Path | None = None,
           info: DistInfo | None = None, attn: str = "sdpa", checkpointed: bool = False,
-          ) -> tuple[float, dict[str, torch.Tensor]]:
+          compute_dtype: torch.dtype | None = None) -> tuple[float, dict[str, torch.Tensor]]:
     """(global loss, gradients) of one optimizer step over `rows`, from the weights on disk, on
     `info.device` (default: a single process on DEVICE), the policy's layers checkpointed if
-    asked; the gradients come back on the CPU."""
+    asked, its forwards under autocast to `compute_dtype` if given; the gradients come back on
+    the CPU."""
     info = info or DistInfo(device=DEVICE)
     model = load(model_path).to(info.device)
     if checkpointed:
@@ -177,7 +178,7 @@ def grads(model_path: Path, rows, cfg: LossConfig, micro: int = 0, ref_path: Pat
 
         checkpoint_layers(model)
     ref = load(ref_path).to(info.device).requires_grad_(False) if ref_path is not None else None
-    res = step_gradients(model, ref, rows, cfg, micro, info, attn)
+    res = step_gradients(model, ref, rows, cfg, micro, info, attn, compute_dtype=compute_dtype)
     return res.stats.loss, {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()
                             if p.grad is not None}
 
