@@ -105,7 +105,7 @@ class New:
         store.append_many({self._uid(uid): responses}, {self._uid(uid): [self._probs(r) for r in responses]})
 
     def load(self, store: Any, uid: str) -> None:
-        from cache_store.seqstore import load_tree
+        from cache_store.store import load_tree
 
         self.tree = load_tree(store, self._uid(uid), DEPTH)
 

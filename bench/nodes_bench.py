@@ -220,10 +220,10 @@ class Bench:
             shutil.rmtree(self.cache(config, tag=dst), ignore_errors=True)
             shutil.copytree(self.cache(config, tag=src), self.cache(config, tag=dst))
             return
-        from cache_store.redis_store import RedisSequenceStore
+        from cache_store.locations import export_store, open_store
 
-        with RedisSequenceStore.open(self.cache(config, tag=src), create=False) as store:
-            store.export(self.cache(config, tag=dst))  # the clock, settings and every record
+        with open_store(self.cache(config, tag=src), create=False) as store:
+            export_store(store, self.cache(config, tag=dst))  # the clock, settings and every record
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -321,7 +321,8 @@ def measure_load(server: RedisServer, work: Path, responses: int, length: int, r
 
     from bench.workloads import make_prompt, token_probs
     from cache_store.redis_store import RedisSequenceStore
-    from cache_store.seqstore import LOAD_NEWEST, LOAD_TOKENS, LmdbSequenceStore, load_tree
+    from cache_store.seqstore import LmdbSequenceStore
+    from cache_store.store import LOAD_NEWEST, LOAD_TOKENS, load_tree
 
     data = make_prompt(7, responses, length, 3)
     rng = np.random.default_rng(7)

@@ -1,7 +1,7 @@
 """Time in a cache: the logical clock, recency decay, and durations.
 
-The logical clock is a tick counter in the cache's `info` sub-database; `srt rollout`
-advances it once per rollout batch (`LmdbSequenceStore.tick`). Weights decay with age
+The logical clock is a tick counter in the store's header (LMDB's `info` sub-database, a
+server's clock key); `srt rollout` advances it once per rollout batch (`SequenceStore.tick`). Weights decay with age
 measured in ticks: a sequence written at tick `s` with weight `w` weighs
 `w * 0.5 ** ((now - s) / half_life)` at tick `now`. Decay is lazy: a record keeps the tick it
 was written at and is decayed only when it is read, so prompts nobody touches cost nothing.

@@ -33,11 +33,11 @@ class CacheBusyError(CacheError):
 
 
 class CorruptRecord(ValueError):
-    """A stored tree record failed its checksum or could not be decoded."""
+    """A stored sequence record failed its checksum or could not be decoded."""
 
 
-class CorruptTreeWarning(UserWarning):
-    """A tree record was skipped because it is corrupt (drafting goes on without it)."""
+class CorruptSequenceWarning(UserWarning):
+    """A sequence record was skipped because it is corrupt (drafting goes on without it)."""
 
 
 class CacheUnavailable(CacheError):

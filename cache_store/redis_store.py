@@ -1,9 +1,10 @@
 """The sequence store on a Redis (or Valkey) server that every machine of a run shares.
 
 `RedisSequenceStore` keeps exactly what `LmdbSequenceStore` (cache_store.seqstore) keeps, with
-the same semantics and public methods: each prompt's rollouts as append-only records (the
+the same semantics, behind the same interface (cache_store.store.SequenceStore): each prompt's rollouts as append-only records (the
 bytes `seqrecord.encode` makes, zstd planes and CRC, as LMDB stores them), decayed per
-sequence on read, bounded newest-first loads, prune, stats, copy and merge with any backend.
+sequence on read, bounded newest-first loads, prune, stats, copy and merge with any backend
+(cache_store.locations).
 LMDB stays the embedded default for one machine; a multi-node run points every machine at one
 server:
 
@@ -49,7 +50,7 @@ How the LMDB guarantees carry over:
 - A bounded read is two round trips: the clock and a page of the index, newest first, then
   (HMGET) the records the index keeps by the bound, skipping what is clearly below the floor,
   and the record that ends the walk (so the client can confirm it). The client applies the
-  read's rule exactly (seqstore.select_sequences, shared with LMDB) and reads on only if a
+  read's rule exactly (store.select_sequences, shared with LMDB) and reads on only if a
   record the index counted proves corrupt. (A Lua script doing the walk in one round trip
   was slower: it copies every record twice inside the server.)
 - Prune scans with the shared rules (cache_store.seqprune) and deletes each planned record by
@@ -65,10 +66,8 @@ import hashlib
 import math
 import os
 import re
-import struct
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -76,15 +75,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cache_store import seqprune, seqrecord, seqstats, seqtransfer
-from cache_store.clock import DEFAULT_FLOOR, DEFAULT_HALF_LIFE, check_settings
+from cache_store import seqprune, seqrecord, seqstats
+from cache_store.clock import DEFAULT_FLOOR, DEFAULT_HALF_LIFE, check_settings, decay_factor
 from cache_store.errors import CacheError, CacheUnavailable, FormatVersionError, NotACacheError
-from cache_store.seqenv import FORMAT_NAME, FORMAT_VERSION, record_key
+from cache_store.record_keys import key_number, key_uid, record_key
+from cache_store.seqenv import FORMAT_NAME, FORMAT_VERSION
 from cache_store.seqprune import PruneCriteria, PrunePlan
 from cache_store.seqstats import SeqStoreStats
-from cache_store.seqstore import (SERVER_SCHEMES, LmdbSequenceStore, StoreBase, StoredSequence, check_uid,
-                                  select_sequences)
-from cache_store.seqtransfer import ImportReport
+from cache_store.store import SERVER_SCHEMES, SequenceStore, StoredSequence, check_uid, select_sequences
 
 PASSWORD_ENV = "SRT_REDIS_PASSWORD"
 DEFAULT_PREFIX = "srt"
@@ -239,7 +237,7 @@ def _candidates(page: Sequence[bytes], info: Mapping[str, float], newest: int | 
                 kept: int, total: int) -> tuple[list[bytes], int]:
     """The record numbers a read fetches from a page of the index (entries "number tokens tick
     weight", newest first), having kept `kept` sequences of `total` tokens so far: those the
-    index puts above the floor (leniently: the records decide, seqstore.select_sequences), up to
+    index puts above the floor (leniently: the records decide, store.select_sequences), up to
     the bound and the record that ends the walk at it; and how many entries that looked at."""
     newest = sys.maxsize if newest is None else newest
     limit = sys.maxsize if tokens is None else tokens
@@ -249,9 +247,8 @@ def _candidates(page: Sequence[bytes], info: Mapping[str, float], newest: int | 
         if kept >= newest:
             return nums, i
         n, t, tick, w = entry.split()
-        t, tick, w = int(t), int(tick), float(w)
-        if hl < math.inf and now > tick:
-            w *= 0.5 ** ((now - tick) / hl)
+        t, tick = int(t), int(tick)
+        w = float(w) * decay_factor(now, tick, hl)
         if w < floor * 0.999999:
             continue
         nums.append(n)
@@ -269,7 +266,7 @@ def _entry(rec: bytes) -> str:
     return f"{head.tokens} {head.tick} {head.weight!r}"
 
 
-class RedisSequenceStore(StoreBase):
+class RedisSequenceStore(SequenceStore):
     """A sequence store on a Redis or Valkey server (see the module docstring)."""
 
     def __init__(self, client: redis.Redis, prefix: str, shown: str, readonly: bool, password: str | None) -> None:
@@ -277,7 +274,6 @@ class RedisSequenceStore(StoreBase):
         self._r, self._p, self._shown, self._readonly = client, prefix, shown, readonly
         self._password = password
         self._settings: dict[str, float] = {}
-        self._hint = 0  # the last tick seen: the read script's (lenient) floor uses it
 
     @classmethod
     def open(cls, url: str, create: bool = True, readonly: bool = False,
@@ -325,7 +321,6 @@ class RedisSequenceStore(StoreBase):
             raise FormatVersionError(f"{self.path}: sequence store version {int(ver)} is newer than this srt "
                                      f"reads ({FORMAT_VERSION}); upgrade srt")
         self._settings = {"half_life": float(hl), "floor": float(fl), "created": float(created)}
-        self._hint = int(clock or 0)
 
     @property
     def path(self) -> str:
@@ -399,14 +394,12 @@ class RedisSequenceStore(StoreBase):
         if hl is None or fl is None or created is None:
             raise NotACacheError(f"{self.path}: the cache's header ({self._g('info')}) is gone")
         self._settings = {"half_life": float(hl), "floor": float(fl), "created": float(created)}
-        self._hint = int(clock or 0)
-        return {"tick": self._hint, **self._settings}
+        return {"tick": int(clock or 0), **self._settings}
 
     @_translated
     def now(self) -> int:
         """The logical clock (one round trip)."""
-        self._hint = int(self._run([("GET", self._g("clock"))])[0] or 0)
-        return self._hint
+        return int(self._run([("GET", self._g("clock"))])[0] or 0)
 
     @_translated
     def tick(self, n: int = 1) -> int:
@@ -469,7 +462,7 @@ class RedisSequenceStore(StoreBase):
     @_translated
     def put_raw(self, key: bytes, value: bytes) -> None:
         """Overwrite one record's bytes as they are (for tests of corruption handling)."""
-        uid, n = key[:-4].decode(), _number(key)
+        uid, n = key_uid(key), key_number(key)
         self._script("PUT_RAW", [self._k(uid, "seqs"), self._k(uid, "idx")], [n, value, _entry(value)])
 
     # -- reading -------------------------------------------------------------------------
@@ -478,7 +471,7 @@ class RedisSequenceStore(StoreBase):
     def read(self, uid: str, newest: int | None = None, tokens: int | None = None) -> list[StoredSequence]:
         """The prompt's sequences as `LmdbSequenceStore.read` gives them (oldest first, decayed,
         the floor applied, corrupt ones warned of once and skipped; with `newest`/`tokens` only
-        the newest that fit), by the shared rule (seqstore.select_sequences). Two round trips
+        the newest that fit), by the shared rule (store.select_sequences). Two round trips
         (module docstring): the clock with a page of the index, newest first, then the records
         the index says the read keeps."""
         bounded = newest is not None or tokens is not None
@@ -489,8 +482,7 @@ class RedisSequenceStore(StoreBase):
             stop = start + READ_PAGE - 1 if bounded else -1
             clock, page = self._run([("GET", self._g("clock")), ("ZREVRANGE", idx_key, start, stop)])
             if info is None:
-                self._hint = int(clock or 0)
-                info = {"tick": self._hint, **self._settings}
+                info = {"tick": int(clock or 0), **self._settings}
             nums, used = _candidates(page, info, newest, tokens, kept, total)
             for i in range(0, len(nums), 512):
                 part = nums[i:i + 512]
@@ -524,7 +516,7 @@ class RedisSequenceStore(StoreBase):
     @_translated
     def raw_records(self, uid: str) -> list[tuple[bytes, bytes]]:
         """(key, record bytes) of a prompt's records, in append order; keys as LMDB's
-        (seqenv.record_key), so stores of both backends compare."""
+        (cache_store.record_keys), so stores of both backends compare."""
         recs = self._run([("HGETALL", self._k(uid, "seqs"))])[0]
         return [(record_key(uid.encode(), n), v) for n, v in sorted((int(k), v) for k, v in recs.items())]
 
@@ -556,9 +548,9 @@ class RedisSequenceStore(StoreBase):
             return plan
         by_uid: dict[str, list[Any]] = {}
         for key in doomed:
-            by_uid.setdefault(key[:-4].decode(), []).extend((_number(key), heads[key]))
+            by_uid.setdefault(key_uid(key), []).extend((key_number(key), heads[key]))
         calls = [self._call("DELETE", [self._k(u, "seqs"), self._k(u, "idx"), self._k(u, "meta")],
-                            [len(pairs) // 2, *pairs, *[_number(k) for k, toks, _ in kept[u].keep if not toks]])
+                            [len(pairs) // 2, *pairs, *[key_number(k) for k, toks, _ in kept[u].keep if not toks]])
                  for u, pairs in by_uid.items()]
         emptied = self._run(calls) if calls else []
         self._unlist([u for u, gone in zip(by_uid, emptied) if gone] + stale)
@@ -615,41 +607,8 @@ class RedisSequenceStore(StoreBase):
         """CacheError, as `compact` (so a prune with --compact stops before deleting)."""
         self.compact()
 
-    @_translated
-    def export(self, dst: str | Path | StoreBase) -> int:
-        """Copy this cache into `dst`, empty (seqtransfer.copy_store): another server's URL, an
-        open store, or a directory (new or empty) that becomes an LMDB cache. The bytes written:
-        an LMDB cache's data file, else the record bytes."""
-        if isinstance(dst, StoreBase):
-            return seqtransfer.copy_store(self, dst).bytes
-        if isinstance(dst, str) and dst.startswith(SERVER_SCHEMES):
-            with RedisSequenceStore.open(dst) as out:
-                return seqtransfer.copy_store(self, out).bytes
-        dst = Path(dst)
-        if dst.exists() and (not dst.is_dir() or any(dst.iterdir())):
-            raise CacheError(f"{dst}: already exists and is not an empty directory")
-        with LmdbSequenceStore.open(dst) as out:
-            seqtransfer.copy_store(self, out)
-        return (dst / "data.mdb").stat().st_size
-
-    @_translated
-    def import_from(self, src: str | Path | StoreBase) -> ImportReport:
-        """Append every sequence of `src` (a server URL, an open store, or an LMDB directory),
-        each keeping its age and weight (seqtransfer.merge_store)."""
-        self._writable()
-        if isinstance(src, StoreBase):
-            return seqtransfer.merge_store(src, self)
-        opener = RedisSequenceStore if isinstance(src, str) and src.startswith(SERVER_SCHEMES) else LmdbSequenceStore
-        with opener.open(src, create=False, readonly=True) as source:
-            return seqtransfer.merge_store(source, self)
-
     def close(self) -> None:
         self._r.close()
-
-
-def _number(key: bytes) -> int:
-    """The record number of a record key (seqenv.record_key)."""
-    return struct.unpack(">I", key[-4:])[0]
 
 
 def _scrub(text: str, password: str | None) -> str:

@@ -3,7 +3,7 @@
 A sequence store is a directory holding one LMDB environment with three named sub-databases:
 
     info   format b"srt-seqcache", version, logical clock, half-life, floor, creation time
-    seqs   uid + u32 big-endian record number -> sequence record (cache_store.seqrecord)
+    seqs   record key (cache_store.record_keys: uid + record number) -> sequence record (cache_store.seqrecord)
     meta   uid -> next record number, sequences, tokens, last write time, record bytes (`META`)
 
 LMDB rules (docs/cache.md): one environment per path per process (a registry keyed by real
@@ -30,6 +30,7 @@ import lmdb
 
 from cache_store.errors import CacheBusyError, CacheError, FormatVersionError, NotACacheError, OldFormatError
 from cache_store.fs_check import check_local
+from cache_store.record_keys import LAST_NUMBER, key_number, record_key
 
 FORMAT_NAME = b"srt-seqcache"
 OLD_FORMAT_NAME = b"srt-cache"  # the tree cache of earlier srt versions
@@ -40,11 +41,6 @@ DB_NAMES = (b"info", b"seqs", b"meta")
 META = struct.Struct("<IQQdQ")  # next record number, sequences, tokens, last write time, record bytes
 
 T = TypeVar("T")
-
-
-def record_key(uid: bytes, n: int) -> bytes:
-    """The `seqs` key of record `n` of the prompt `uid`."""
-    return uid + struct.pack(">I", n)
 
 
 @dataclass
@@ -101,7 +97,7 @@ class SeqEnv:
     def next_record(self, txn: lmdb.Transaction, uid: bytes) -> int:
         """One past the highest record number stored under `uid` (0 if none)."""
         for key, _ in self.records(txn, uid, newest_first=True):
-            return struct.unpack(">I", key[-4:])[0] + 1
+            return key_number(key) + 1
         return 0
 
     def records(self, txn: lmdb.Transaction, uid: bytes, newest_first: bool = False) -> Iterator[tuple[bytes, Any]]:
@@ -109,7 +105,7 @@ class SeqEnv:
         each value is valid until the walk moves on."""
         cur = txn.cursor(db=self.dbs["seqs"])
         if newest_first:  # onto the newest record: the last key up to the highest record number
-            last = record_key(uid, 0xFFFFFFFF)
+            last = record_key(uid, LAST_NUMBER)
             if cur.set_range(last):
                 if bytes(cur.key()) != last and not cur.prev():
                     return

@@ -33,6 +33,7 @@ import lmdb
 from cache_store import seqrecord
 from cache_store.clock import decay_factor
 from cache_store.errors import CorruptRecord
+from cache_store.record_keys import key_prompt
 from cache_store.seqenv import META, SeqEnv
 
 
@@ -159,7 +160,7 @@ def plan(prompts: Iterable[ScannedPrompt], info: Mapping[str, float], crit: Prun
 def lmdb_prompts(env: SeqEnv, txn: lmdb.Transaction) -> Iterator[ScannedPrompt]:
     """Every prompt's records in one cursor pass (they are adjacent, keyed uid + number)."""
     cursor = txn.cursor(db=env.dbs["seqs"])
-    for uid, records in itertools.groupby(cursor, key=lambda kv: bytes(kv[0][:-4])):
+    for uid, records in itertools.groupby(cursor, key=lambda kv: key_prompt(kv[0])):
         yield uid.decode(), _last_write(txn, env, uid), records
 
 
@@ -181,7 +182,7 @@ def delete(env: SeqEnv, txn: lmdb.Transaction, doomed: list[bytes], prompts: dic
     only sound in the transaction that planned them (else appends since would be miscounted)."""
     for key in doomed:
         txn.delete(key, db=env.dbs["seqs"])
-    for uid in {k[:-4] for k in doomed}:
+    for uid in {key_prompt(k) for k in doomed}:
         p = prompts[uid.decode()]
         if not p.keep:
             txn.delete(uid, db=env.dbs["meta"])

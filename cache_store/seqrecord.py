@@ -1,4 +1,4 @@
-"""Byte layout of one stored rollout in the sequence store (cache_store.seqstore).
+"""Byte layout of one stored rollout in the sequence store (cache_store.store).
 
 A *sequence record* (sub-database `seqs`, key = prompt uid (32 ASCII hex) + u32 big-endian
 record number, so a prompt's records are adjacent and in append order):

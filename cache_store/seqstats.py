@@ -23,6 +23,7 @@ import lmdb
 
 from cache_store import seqrecord
 from cache_store.errors import CorruptRecord
+from cache_store.record_keys import key_uid
 from cache_store.seqenv import META, SeqEnv
 
 MAX_CORRUPT_UIDS = 20
@@ -93,7 +94,7 @@ class Summary:
                 seqrecord.check(value)
             except CorruptRecord:
                 st.corrupt += 1
-                uid = bytes(key[:-4]).decode(errors="replace")
+                uid = key_uid(key)
                 if len(st.corrupt_uids) < MAX_CORRUPT_UIDS and uid not in st.corrupt_uids:
                     st.corrupt_uids.append(uid)
 

@@ -11,7 +11,7 @@
 - `copy_store(src, dst)`: any backend into an empty store of any backend (LMDB <-> a cache
   server, cache_store.redis_store): the header's clock, settings and creation time, then every
   record byte for byte with each prompt's last write time. Only the store interface is used
-  (`RecordStore`), so LMDB -> server -> LMDB gives back the same records.
+  (`cache_store.store.SequenceStore`), so LMDB -> server -> LMDB gives back the same records.
 - `merge_store(src, dst)` (`import`): appends every sequence of another store. Each
   record keeps its age (source now - written tick) and weight, so it decays on from where it
   was: written at the source's tick s with weight w, it lands at tick (now - (S - s)) with
@@ -27,12 +27,13 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Sequence
 
 from cache_store import seqenv, seqrecord
 from cache_store.clock import decay_factor
 from cache_store.errors import CacheError, CorruptRecord
 from cache_store.seqenv import SeqEnv
+from cache_store.store import SequenceStore
 
 
 def _fsync_path(path: Path) -> None:
@@ -105,23 +106,10 @@ class ImportReport:
         self.bytes += sum(map(len, recs))
 
 
-class RecordStore(Protocol):
-    """What moving records between stores needs of a backend (LMDB's and a cache server's)."""
-
-    path: Any
-
-    def info(self) -> dict[str, float]: ...
-    def uids(self) -> list[str]: ...
-    def raw_records(self, uid: str) -> list[tuple[bytes, bytes]]: ...
-    def last_writes(self) -> dict[str, float]: ...
-    def append_raw(self, batch: Mapping[str, Sequence[bytes]], walls: Mapping[str, float] | None = None) -> None: ...
-    def adopt_header(self, info: Mapping[str, float]) -> None: ...
-
-
 COPY_PROMPTS = 256  # prompts read and written at a time: a copy holds only these in memory
 
 
-def copy_store(src: RecordStore, dst: RecordStore) -> ImportReport:
+def copy_store(src: SequenceStore, dst: SequenceStore) -> ImportReport:
     """Copy `src` into the empty store `dst`: its clock, settings and creation time, then each
     prompt's records byte for byte, in order (corrupt ones too, counted), with its last write
     time; record numbers are dense again in `dst`. CacheError if `dst` holds prompts."""
@@ -160,7 +148,7 @@ def _restamped(value: bytes, src: Mapping[str, float], now: int, hl: float) -> b
     return seqrecord.restamp(value, now, weight)
 
 
-def merge_store(src: RecordStore, dst: RecordStore) -> ImportReport:
+def merge_store(src: SequenceStore, dst: SequenceStore) -> ImportReport:
     """Append every sequence of `src` to `dst`, each keeping its age and weight (the module
     docstring), in one `append_raw` (LMDB: one write transaction); sequences below the source's
     floor and corrupt records are skipped and counted. Importing twice appends twice."""

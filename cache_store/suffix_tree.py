@@ -13,7 +13,7 @@ tree to it bit for bit when the weights are exact binary fractions.
 Why path-compressed: a depth-bounded suffix *trie* holds up to D nodes per token (56 per
 token on long reasoning rollouts); this tree holds about 1.6, and a sequence's decay is one
 weight instead of a multiplication of every node, so persistence can store the sequences
-themselves (cache_store.seqstore) and rebuild the tree when loading.
+themselves (cache_store.store) and rebuild the tree when loading.
 
 For an engine step over many rows there are two batched calls, `feed_many` and `draft_many`:
 one C call for all rows instead of a Python loop over them, its tree work without the GIL and

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Iterator, Protocol
 
 import numpy as np
 
-from cache_store.seqstore import SequenceStore
+from cache_store.store import SequenceStore
 from cache_store.uid import prompt_uid
 
 MAX_TOKEN_ID = 2**31 - 1  # the tree's limit

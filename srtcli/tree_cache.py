@@ -1,10 +1,10 @@
 """The tree cache: where it lives, and the one object a run holds it by.
 
 The cache is `--cache LOCATION`, else `$SRT_CACHE`, else `~/.cache/srt`, for every command that
-drafts from it or manages it. A location is a directory (`cache_store.seqstore.LmdbSequenceStore`,
-the embedded default: one machine) or a server URL, `redis://[user:password@]host:port/db` or
-`rediss://` for TLS, with `?prefix=NAME` to keep several caches in one database
-(`cache_store.redis_store.RedisSequenceStore`: one cache every machine of a run shares). Both
+drafts from it or manages it. A location is a directory (an LMDB store, the
+embedded default: one machine) or a server URL, `redis://[user:password@]host:port/db` or
+`rediss://` for TLS, with `?prefix=NAME` to keep several caches in one database (a Redis
+store: one cache every machine of a run shares); cache_store.locations tells them apart. Both
 hold each prompt's rollouts as append-only sequence records (docs/cache.md). Opening either
 turns every cache failure (a foreign directory, a newer format, a cache of the earlier tree
 format, a busy or corrupt LMDB, LMDB on a network filesystem, a server that cannot be reached
@@ -41,57 +41,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from cache_store.errors import CacheUnavailable
-from cache_store.seqstore import LOAD_NEWEST, LOAD_TOKENS
+import lmdb
+
+from cache_store.errors import CacheError, CacheUnavailable
+from cache_store.locations import open_store as open_location
+from cache_store.redis_store import mask_url
+from cache_store.seqstore import LmdbSequenceStore
+from cache_store.store import LOAD_NEWEST, LOAD_TOKENS, SequenceStore, is_server_url
 from srtcli.errors import SrtError
 
 # what a waiting entry gives when it is appended: its sequences and their probabilities (None: none known)
 Read = Callable[[], tuple[list, list | None]]
-SERVER_SCHEMES = ("redis://", "rediss://")
 RETRY_FIRST, RETRY_MAX = 0.5, 30.0  # seconds before the first retry of a lost server, and the longest wait
 CLOSE_RETRIES = (0.5, 1.0, 2.0)  # the waits of the last tries before what is unsent goes to a local store
 
 log = logging.getLogger("srt")
 
 
-def is_server(location: str | Path | None) -> bool:
-    """Whether a cache location is a server URL (else a directory)."""
-    return isinstance(location, str) and location.startswith(SERVER_SCHEMES)
-
-
 def cache_location(opt: str | Path | None) -> str | Path:
     """--cache if given, else `$SRT_CACHE`, else `~/.cache/srt`: a URL as it is (a Path would
     fold its `//`), a directory as a Path."""
     opt = opt or os.environ.get("SRT_CACHE") or Path.home() / ".cache" / "srt"
-    return opt if is_server(opt) else Path(opt).expanduser()
+    return opt if is_server_url(opt) else Path(opt).expanduser()
 
 
 def shown(location: str | Path | None) -> str:
     """A cache location as srt prints it anywhere: a URL with its password masked."""
     loc = cache_location(location)
-    if not is_server(loc):
-        return str(loc)
-    from cache_store.redis_store import mask_url
-
-    return mask_url(loc)
+    return mask_url(loc) if is_server_url(loc) else str(loc)
 
 
 def open_sequence_store(location: str | Path | None, create: bool = True, readonly: bool = False,
-                        **settings: Any) -> Any:
+                        **settings: Any) -> SequenceStore:
     """The sequence store at `location` (default: `cache_location(None)`); the caller closes it."""
-    import lmdb
-
-    from cache_store.errors import CacheError
-
     loc = cache_location(location)
     try:
-        if is_server(loc):
-            from cache_store.redis_store import RedisSequenceStore
-
-            return RedisSequenceStore.open(loc, create=create, readonly=readonly, **settings)
-        from cache_store.seqstore import LmdbSequenceStore
-
-        return LmdbSequenceStore.open(loc, create=create, readonly=readonly, **settings)
+        return open_location(loc, create=create, readonly=readonly, **settings)
     except (CacheError, ValueError) as e:
         raise SrtError(str(e)) from None
     except lmdb.Error as e:
@@ -100,13 +85,9 @@ def open_sequence_store(location: str | Path | None, create: bool = True, readon
 
 @contextmanager
 def open_store(path: str | Path | None, create: bool = False, readonly: bool = False,
-               **settings: Any) -> Iterator[Any]:
+               **settings: Any) -> Iterator[SequenceStore]:
     """The sequence store for the length of a block (`srt cache`), whose cache errors also become
     one line."""
-    import lmdb
-
-    from cache_store.errors import CacheError
-
     store = open_sequence_store(path, create=create, readonly=readonly, **settings)
     try:
         yield store
@@ -149,7 +130,7 @@ class TreeCache:
     is back, each batch with its own append id, so a batch whose first try landed unseen is
     not stored twice; `spill_dir` is where `close` leaves what it never took."""
 
-    def __init__(self, store: Any, writer: bool = True, spill_dir: str | Path | None = None,
+    def __init__(self, store: SequenceStore, writer: bool = True, spill_dir: str | Path | None = None,
                  location: str | Path | None = None):
         self.store, self.writer = store, writer
         self.location = location if location is not None else store.path  # unmasked: for another process
@@ -269,8 +250,6 @@ class TreeCache:
 
     def _spill(self) -> None:
         """What the server never took, as a local sequence store that `srt cache import` takes."""
-        from cache_store.seqstore import LmdbSequenceStore
-
         out = self.spill_dir / f"srt-unsent-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
         with LmdbSequenceStore.open(out, create=True) as spill:
             for batch in self.unsent:

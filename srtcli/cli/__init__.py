@@ -6,8 +6,8 @@
     srt cache    stats | prune | export | import | add             (srtcli.cli.cache)
 
 Subcommands are registered lazily so that `srt cache stats` never imports torch, and `srt
---help` lists them from COMMANDS without importing any (tests/srtcli/cli/test_cli.py checks that
-each one-line help there is its command's docstring).
+--help` lists them without importing any: each one-line help is the first line of its
+command's docstring, read from the module's source (`summary`).
 
 The group also owns how a run ends: srt's own errors (`srtcli.errors`, raised by library code)
 and usage errors (a bad flag value, from the command line or a `--config` file, an unknown flag,
@@ -17,7 +17,9 @@ line with exit status 130; srt's own warnings are one `srt: warning: ...` line.
 
 from __future__ import annotations
 
+import ast
 import importlib
+import importlib.util
 import sys
 import warnings
 from contextlib import contextmanager
@@ -29,17 +31,24 @@ from srtcli import __version__
 from srtcli.cli.config import config_source
 from srtcli.errors import Interrupted, SrtError
 
-# command name -> ("module:attribute", its docstring's first line, shown by `srt --help`)
+# command name -> the "module:function" that implements it
 COMMANDS = {
-    "rollout": ("srtcli.cli.rollout:rollout",
-                "Speculative rollout: sample K completions per prompt into a steps pool (lossless)."),
-    "pack": ("srtcli.cli.pack:pack", "Pack a steps pool into prefix-tree rows and write shards."),
-    "train": ("srtcli.cli.train:train",
-              "Policy-gradient (PPO-clip) training over packed shards or a raw steps pool."),
-    "cache": ("srtcli.cli.cache:cache",
-              "The persistent cache of rollouts per prompt (LMDB, or a Redis server), "
-              "from which drafting trees are built."),
+    "rollout": "srtcli.cli.rollout:rollout",
+    "pack": "srtcli.cli.pack:pack",
+    "train": "srtcli.cli.train:train",
+    "cache": "srtcli.cli.cache:cache",
 }
+
+
+def summary(target: str) -> str:
+    """The first line of the docstring of `target` ("module:function"), read from the module's
+    source without importing it (a command's module may import torch)."""
+    module, attr = target.split(":")
+    spec = importlib.util.find_spec(module)
+    with open(spec.origin, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == attr)
+    return (ast.get_docstring(fn) or "").strip().splitlines()[0]
 
 
 def usage_line(e: click.UsageError, fallback: str = "srt") -> str:
@@ -112,7 +121,7 @@ class LazyGroup(click.Group):
             return self.commands[name]
         if name not in COMMANDS:
             return None
-        module, attr = COMMANDS[name][0].split(":")
+        module, attr = COMMANDS[name].split(":")
         try:
             return getattr(importlib.import_module(module), attr)
         except ModuleNotFoundError as e:
@@ -121,9 +130,9 @@ class LazyGroup(click.Group):
             raise
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The command list from COMMANDS: `srt --help` imports no subcommand (and so no torch)."""
+        """The command list: `srt --help` imports no subcommand (and so no torch)."""
         with formatter.section("Commands"):
-            formatter.write_dl([(name, COMMANDS[name][1]) for name in sorted(COMMANDS)])
+            formatter.write_dl([(name, summary(COMMANDS[name])) for name in sorted(COMMANDS)])
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:

@@ -12,7 +12,7 @@ The cache is `--cache LOCATION` (a directory or a `redis://` URL), else `$SRT_CA
 ways, record for record. A URL is printed with its password masked. A cache of srt's earlier
 tree format is refused by every command (rebuild it with `srt cache add`). stats/prune/export/
 import never import torch (only `add` may, to load a tokenizer). The store is
-cache_store.seqstore, the printed figures cache_store.report and `add`'s two-pass pipeline
+cache_store.store's (opened, exported and imported by cache_store.locations), the printed figures cache_store.report and `add`'s two-pass pipeline
 srtcli.cache_add; this module parses flags and prints (`--json`: one JSON object, the last line
 of stdout, whose `cache` is the cache directory and `out` what the command wrote, as in every
 srt command).
@@ -27,9 +27,11 @@ from typing import Any
 
 import click
 
+from cache_store.locations import export_store, import_store
+from cache_store.store import is_server_url
 from srtcli.cli.config import config_option
-from srtcli.tree_cache import is_server, open_store, shown
 from srtcli.errors import SrtError
+from srtcli.tree_cache import open_store, shown
 
 
 def emit(as_json: bool, obj: dict[str, Any], lines: list[str]) -> None:
@@ -161,11 +163,11 @@ def export(cache: str | None, out: str, json: bool) -> None:  # noqa: A002
     as_json = json
     with open_store(cache, readonly=True) as store:
         try:
-            if is_server(out):
+            if is_server_url(out):
                 with open_store(out, create=True) as dst:
-                    size = store.export(dst)
+                    size = export_store(store, dst)
             else:
-                size = store.export(out)
+                size = export_store(store, out)
         except OSError as e:
             raise SrtError(f"{out}: cannot write the export: {e.strerror or e}") from None
     emit(as_json, {"cache": str(store.path), "out": shown(out), "bytes": size},
@@ -183,7 +185,7 @@ def import_(cache: str | None, src: str, json: bool) -> None:  # noqa: A002
     from cache_store.report import import_dict, import_line
 
     as_json = json
-    if is_server(src):
+    if is_server_url(src):
         with open_store(src, readonly=True) as source:
             where, rep, new = _import(cache, source)
     else:
@@ -198,7 +200,7 @@ def _import(cache: str | None, source: Any) -> tuple[str, Any, int]:
     report, and how many prompts it did not have."""
     with open_store(cache, create=True) as store:
         before = set(store.uids())
-        rep = store.import_from(source)
+        rep = import_store(store, source)
         return str(store.path), rep, len(set(store.uids()) - before)
 
 

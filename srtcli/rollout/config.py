@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from cache_store.seqstore import LOAD_TOKENS
+from cache_store.store import LOAD_TOKENS
 
 TREE_ATTENTION = ("sdpa", "eager")  # the attentions that verify a draft tree (srt_slots' mask)
 TAIL_NODES = 64  # a tail tree's nodes at most (the engine's `tail_nodes`)

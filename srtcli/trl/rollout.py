@@ -52,6 +52,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from cache_store.store import LOAD_TOKENS
 from srtcli.rollout.drafters.base import Drafter
 
 TRAINER_METRICS = ("accepted_per_forward", "draft_acceptance_rate", "cache_hit_rate")
@@ -59,7 +60,8 @@ TRAINER_METRICS = ("accepted_per_forward", "draft_acceptance_rate", "cache_hit_r
 
 def srt_rollout_func(cache: Any = None, *, budget: int = 8, draft: str | Drafter = "srt", slots: int = 64,
                      seed: int | None = None, draft_mode: str = "sample", min_prob: float = 0.1,
-                     draft_length: str = "cost", tail_nodes: int = 0, tools: str | None = None,
+                     draft_length: str = "cost", tail_nodes: int = 0, shared_tree: bool = True,
+                     draft_stop: bool = True, load_tokens: int = LOAD_TOKENS, tools: str | None = None,
                      max_turns: int | None = None, max_tool_tokens: int | None = None,
                      tool_timeout: float | None = None, tool_workers: int | None = None) -> SrtRollout:
     """A callable `f(prompts, trainer) -> dict` for `GRPOTrainer(rollout_func=f)`, with a `close()`.
@@ -70,11 +72,16 @@ def srt_rollout_func(cache: Any = None, *, budget: int = 8, draft: str | Drafter
     `Drafter` object (used as is; its owner closes it). `slots`: engine rows at most. `seed`: the
     engine's sampling seed of the first call (the trainer's `args.seed` if None), plus one per
     call. `draft_length`: how many of the budget's tokens a row verifies, as `srt rollout
-    --draft-length` (`cost`: those expected to save time). `tools`: a `srt rollout --tools` spec (None: no tools); `max_turns`,
+    --draft-length` (`cost`: those expected to save time). `draft_mode`, `min_prob`, `shared_tree`,
+    `draft_stop`, `load_tokens`: the srt drafter's options, as `srt rollout`'s `--draft-mode`,
+    `--min-prob`, `--shared-tree/--no-shared-tree`, `--draft-stop/--no-draft-stop` and
+    `--load-tokens` (their defaults are that command's). `tools`: a `srt rollout --tools` spec (None: no tools); `max_turns`,
     `max_tool_tokens`, `tool_timeout`, `tool_workers`: as `srt rollout`'s options of those names
     (their defaults when None)."""
     return SrtRollout(cache, budget=budget, draft=draft, slots=slots, seed=seed, draft_mode=draft_mode,
-                      min_prob=min_prob, draft_length=draft_length, tail_nodes=tail_nodes, tools=tools,
+                      min_prob=min_prob, draft_length=draft_length, tail_nodes=tail_nodes,
+                      drafter_options={"shared": shared_tree, "stop": draft_stop, "load_tokens": load_tokens},
+                      tools=tools,
                       max_turns=max_turns, max_tool_tokens=max_tool_tokens, tool_timeout=tool_timeout,
                       tool_workers=tool_workers)
 
@@ -85,7 +92,7 @@ class SrtRollout:
 
     def __init__(self, cache: Any, *, budget: int, draft: str | Drafter, slots: int, seed: int | None,
                  draft_mode: str, min_prob: float, draft_length: str, tail_nodes: int,
-                 tools: str | None = None, max_turns: int | None = None, max_tool_tokens: int | None = None,
+                 drafter_options: dict[str, Any] | None = None, tools: str | None = None, max_turns: int | None = None, max_tool_tokens: int | None = None,
                  tool_timeout: float | None = None, tool_workers: int | None = None):
         from srtcli.rollout.agent.setup import ToolOptions
 
@@ -97,6 +104,7 @@ class SrtRollout:
         self.cache_location = cache
         self.budget, self.draft, self.slots, self.seed = budget, draft, slots, seed
         self.draft_mode, self.min_prob, self.draft_length, self.tail_nodes = draft_mode, min_prob, draft_length, tail_nodes
+        self.drafter_options = drafter_options or {}
         self.cache: Any = None
         self.drafter: Drafter | None = None
         self.calls = 0
@@ -203,7 +211,7 @@ class SrtRollout:
                 elif self.cache_location is not None:
                     self.cache = TreeCache.open(self.cache_location)
                 self.drafter = make_drafter("srt", cache=self.cache, mode=self.draft_mode, min_prob=self.min_prob,
-                                            seed=self.seed or 0, record_probs=sampling)
+                                            seed=self.seed or 0, record_probs=sampling, **self.drafter_options)
             else:
                 self.drafter = make_drafter(self.draft)
         return self.drafter

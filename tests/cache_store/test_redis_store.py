@@ -17,6 +17,7 @@ from redis.crc import key_slot
 
 from cache_store import seqrecord
 from cache_store.errors import CacheError, CacheUnavailable, FormatVersionError, NotACacheError
+from cache_store.locations import export_store, import_store
 from cache_store.redis_store import RedisSequenceStore, mask_url
 from cache_store.seqprune import PruneCriteria
 from cache_store.seqstore import LmdbSequenceStore
@@ -227,9 +228,9 @@ def test_lmdb_to_server_to_lmdb_is_byte_exact(tmp_path, redis_url):
     src.put_raw(key, rec[:-1] + bytes([rec[-1] ^ 1]))  # a corrupt record travels as it is
     src.prune(PruneCriteria(max_prompts=3))  # a gap in the uids
     server = RedisSequenceStore.open(redis_url)
-    rep = src.export(server)
+    rep = export_store(src, server)
     assert rep == sum(len(v) for u in src.uids() for _, v in src.raw_records(u))
-    assert server.export(tmp_path / "back") > 0
+    assert export_store(server, tmp_path / "back") > 0
     back = LmdbSequenceStore.open(tmp_path / "back")
     assert back.uids() == server.uids() == src.uids() and back.info() == server.info() == src.info()
     assert back.last_writes() == server.last_writes() == src.last_writes()
@@ -245,15 +246,15 @@ def test_a_copy_refuses_a_used_directory_and_import_takes_any_backend(tmp_path, 
         (tmp_path / "used").mkdir()
         (tmp_path / "used" / "x").write_text("mine")
         with pytest.raises(CacheError, match="not an empty directory"):
-            s.export(tmp_path / "used")
+            export_store(s, tmp_path / "used")
         other = redis_server.url(unique_prefix())
-        s.export(other)
-        assert s.import_from(other).sequences == 1 and s.stats().sequences == 2
+        export_store(s, other)
+        assert import_store(s, other).sequences == 1 and s.stats().sequences == 2
         lm = LmdbSequenceStore.open(tmp_path / "lm")
-        assert lm.import_from(s).sequences == 2
-        assert s.import_from(tmp_path / "lm").sequences == 2 and s.stats().sequences == 4
+        assert import_store(lm, s).sequences == 2
+        assert import_store(s, tmp_path / "lm").sequences == 2 and s.stats().sequences == 4
         with pytest.raises(CacheError, match="into itself"):
-            s.import_from(redis_url)
+            import_store(s, redis_url)
         lm.close()
 
 

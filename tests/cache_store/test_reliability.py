@@ -16,6 +16,7 @@ import pytest
 
 from cache_store import seqrecord
 from cache_store.errors import CacheBusyError
+from cache_store.locations import import_store
 from cache_store.seqenv import META
 from cache_store.seqstore import LmdbSequenceStore, PruneCriteria
 from cache_store.uid import prompt_uid
@@ -158,7 +159,7 @@ def test_a_pruner_racing_appenders_removes_only_what_it_selects(tmp_path):
     procs = [subprocess.Popen([sys.executable, "-c", APPENDER, str(path), str(w * 1000), "40"]) for w in range(2)]
     imported = removed = 0
     while any(p.poll() is None for p in procs):
-        imported += s.import_from(tmp_path / "light").sequences
+        imported += import_store(s, tmp_path / "light").sequences
         removed += s.prune(PruneCriteria(min_count=0.5)).sequences
         assert meta_in_step(s)
     assert [p.returncode for p in procs] == [0, 0]

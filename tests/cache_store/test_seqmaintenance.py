@@ -9,7 +9,9 @@ import time
 import pytest
 
 from cache_store.errors import CacheError, NotACacheError, OldFormatError
-from cache_store.seqstore import LmdbSequenceStore, PruneCriteria, load_tree
+from cache_store.locations import export_store, import_store
+from cache_store.seqstore import LmdbSequenceStore, PruneCriteria
+from cache_store.store import load_tree
 from cache_store.uid import prompt_uid
 from tests.cache_store.support import dir_digest, foreign_lmdb, old_format_cache
 
@@ -48,7 +50,7 @@ def test_the_old_tree_format_is_refused_with_the_way_on_and_left_untouched(tmp_p
             f"steps pools with `srt cache add POOL --cache {old}`")
     s = LmdbSequenceStore.open(tmp_path / "new")
     with pytest.raises(OldFormatError):
-        s.import_from(old)
+        import_store(s, old)
     assert s.stats().sequences == 0
     s.close()
     assert dir_digest(old) == before
@@ -166,9 +168,9 @@ def test_export_is_a_compact_store_of_the_same_sequences_and_refuses_a_used_dire
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "x").write_text("mine")
     with pytest.raises(CacheError, match="not an empty directory"):
-        s.export(tmp_path / "used")
+        export_store(s, tmp_path / "used")
     assert [p.name for p in (tmp_path / "used").iterdir()] == ["x"]
-    s.export(tmp_path / "out")
+    export_store(s, tmp_path / "out")
     copy = LmdbSequenceStore.open(tmp_path / "out", readonly=True)
     assert contents(copy) == contents(s) and copy.info() == s.info()
     copy.close()
@@ -184,7 +186,7 @@ def test_import_across_half_lives_brings_the_weight_as_it_is_now(tmp_path):
     src.tick(2)   # 0.25 (below the floor: not imported) and 0.5
     src.close()
     dst = LmdbSequenceStore.open(tmp_path / "dst", half_life=1.0)
-    rep = dst.import_from(tmp_path / "src")
+    rep = import_store(dst, tmp_path / "src")
     assert (rep.sequences, rep.below_floor) == (1, 1)
     assert [(x.tokens.tolist(), x.weight, x.tick) for x in dst.read(UIDS[0])] == [(rollout(1), 0.5, 0)]
     dst.close()

@@ -15,9 +15,10 @@ from collections import Counter
 import lmdb
 import pytest
 
-from cache_store import seqrecord, seqstore
+from cache_store import seqrecord, store
 from cache_store.errors import CorruptRecord, NotACacheError, OldFormatError
-from cache_store.seqstore import LmdbSequenceStore, PruneCriteria, load_tree
+from cache_store.seqstore import LmdbSequenceStore, PruneCriteria
+from cache_store.store import load_tree
 from cache_store.suffix_tree import SuffixTree
 from cache_store.uid import prompt_uid
 from tests.cache_store.reference_tree import ReferenceTree
@@ -86,7 +87,7 @@ def test_load_keeps_the_newest_sequences_that_fit_its_token_bound(tmp_path):
                 [rollout(i, lengths[i]) for i in kept]
         assert load_tree(s, UIDS[0], max_depth=8, newest=1, tokens=10**9).stats().sequences == 1
         # the default bound leaves a whole epoch of long rollouts (16 x 8,192 tokens) in
-        assert seqstore.LOAD_TOKENS >= 16 * 8192
+        assert store.LOAD_TOKENS >= 16 * 8192
 
 
 def test_a_bounded_read_never_decodes_what_lies_past_its_bound(tmp_path):
@@ -203,7 +204,8 @@ def test_every_single_byte_flip_is_caught():
 WRITER = r"""
 import random, struct, sys, time
 from cache_store.seqenv import META
-from cache_store.seqstore import LmdbSequenceStore, _key
+from cache_store.seqstore import LmdbSequenceStore
+from cache_store.record_keys import record_key
 from cache_store import seqrecord, seqstore
 from cache_store.uid import prompt_uid
 path, start, n, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -223,7 +225,7 @@ for i in range(start, start + n):
         nxt = e.read(lambda txn: e.get_meta(txn, uid.encode()))[0]
         time.sleep(0.002)
         rec = seqrecord.encode(seqrecord.as_tokens(rollout(i)), 0, 1.0)
-        e.write(lambda txn: (txn.put(_key(uid, nxt), rec, db=e.dbs["seqs"]),
+        e.write(lambda txn: (txn.put(record_key(uid, nxt), rec, db=e.dbs["seqs"]),
                              txn.put(uid.encode(), META.pack(nxt + 1, 0, 0, 0.0, 0), db=e.dbs["meta"])))
     else:
         s.append_many({u: [rollout(i)] for u in targets})

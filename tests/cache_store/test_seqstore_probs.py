@@ -13,7 +13,8 @@ import pytest
 
 from cache_store import seqrecord
 from cache_store.errors import CorruptRecord
-from cache_store.seqstore import LmdbSequenceStore, load_tree
+from cache_store.seqstore import LmdbSequenceStore
+from cache_store.store import load_tree
 from cache_store.suffix_tree import SuffixTree, sample_draft
 from cache_store.uid import prompt_uid
 

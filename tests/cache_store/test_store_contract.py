@@ -14,9 +14,12 @@ import pytest
 
 from cache_store import seqrecord
 from cache_store.errors import CacheError
+from cache_store.locations import export_store, import_store, open_store
 from cache_store.redis_store import RedisSequenceStore
 from cache_store.seqprune import PruneCriteria
-from cache_store.seqstore import LmdbSequenceStore, load_tree
+from cache_store.seqstore import LmdbSequenceStore
+from cache_store.record_keys import key_number, key_uid, record_key
+from cache_store.store import SequenceStore, is_server_url, load_tree
 from cache_store.uid import prompt_uid
 from tests.cache_store.redis_server import unique_prefix
 
@@ -270,11 +273,11 @@ def test_import_keeps_each_sequences_age_and_weight(make, tmp_path):
     dst = make(half_life=1.0, floor=0.1)
     dst.tick(5)
     dst.append(UIDS[0], [rollout(3)])
-    rep = dst.import_from(src)
+    rep = import_store(dst, src)
     assert (rep.prompts, rep.sequences, rep.tokens, rep.below_floor) == (2, 3, 120, 0)
     weights = lambda u: sorted((tuple(x.tokens.tolist()), x.weight) for x in dst.read(u))  # noqa: E731
     assert weights(UIDS[0]) == sorted([(tuple(rollout(3)), 1.0), (tuple(rollout(0)), 0.125), (tuple(rollout(1)), 0.5)])
-    assert dst.import_from(src).sequences == 3  # a merge appends, not a sync
+    assert import_store(dst, src).sequences == 3  # a merge appends, not a sync
     src.close()
 
 
@@ -284,10 +287,27 @@ def test_a_copy_goes_only_into_an_empty_store(make, tmp_path):
     dst = make()
     dst.append(UIDS[1], [rollout(1)])
     with pytest.raises(CacheError, match="not empty"):
-        src.export(dst)
-    with pytest.raises(CacheError, match="pass the server's open store"):
-        src.export("redis://u:pw@127.0.0.1:1/0")
+        export_store(src, dst)
     fresh = make()
-    assert src.export(fresh) == sum(len(v) for _, v in src.raw_records(UIDS[0]))
+    assert export_store(src, fresh) == sum(len(v) for _, v in src.raw_records(UIDS[0]))
     assert fresh.raw_records(UIDS[0]) == src.raw_records(UIDS[0]) and fresh.info() == src.info()
     src.close()
+
+
+# -- one interface, one opener, one key codec ---------------------------------------------
+
+def test_one_opener_tells_a_server_url_from_a_directory(tmp_path, redis_server):
+    with open_store(tmp_path / "d") as d, open_store(redis_server.url(unique_prefix())) as r:
+        assert isinstance(d, LmdbSequenceStore) and isinstance(r, RedisSequenceStore)
+        assert isinstance(d, SequenceStore) and isinstance(r, SequenceStore)
+    assert is_server_url("redis://h:1/0") and is_server_url("rediss://h:1/0")
+    for directory in (str(tmp_path / "redis"), tmp_path / "d", "redis:/x", "http://h/0"):
+        assert not is_server_url(directory)
+
+
+def test_record_keys_sort_a_prompts_records_in_append_order_and_decode_back():
+    numbers = [0, 1, 255, 256, 70_000, 2**32 - 1]
+    keys = [record_key(UIDS[0], n) for n in numbers]
+    assert sorted(keys) == keys  # a cursor walks a prompt's records in append order
+    assert [(key_uid(k), key_number(k)) for k in keys] == [(UIDS[0], n) for n in numbers]
+    assert all(k.startswith(UIDS[0].encode()) and len(k) == 36 for k in keys)

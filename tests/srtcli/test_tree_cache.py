@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from cache_store.locations import import_store
 from cache_store.redis_store import RedisSequenceStore
 from cache_store.seqstore import LmdbSequenceStore
 from srtcli.cli import cli
@@ -150,7 +151,7 @@ def test_a_server_killed_mid_rollout_stops_nothing_and_loses_no_rollout(tmp_path
     _restart(server)
     try:
         with RedisSequenceStore.open(url) as store:
-            store.import_from(str(spill))
+            import_store(store, str(spill))
             kept = {u: sorted(tuple(s.tokens) for s in store.read(u)) for u in store.uids()}
     finally:
         server.stop()

@@ -4,7 +4,7 @@
     none    no drafts: plain (batched) sampling                        (none.py)
     ngram   prompt lookup over the prompt and the sequence's output      (ngram.py)
     suffix  SuffixDecoding: a global tree of past outputs + the prompt's (suffix.py)
-    srt     the per-prompt suffix tree from the LMDB sequence store, fed on the fly (srt.py)
+    srt     each prompt's suffix tree over its stored rollouts, fed on the fly (srt.py)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ DRAFTERS = ("srt", "ngram", "suffix", "none")
 
 
 def make_drafter(name: str, **kw: Any) -> Drafter:
-    """Build a drafter by name; `kw` goes to the srt drafter (store, min_prob, mode)."""
+    """Build a drafter by name; `kw` goes to the srt drafter (`SrtDrafter`: cache, min_prob, mode, ...)."""
     if name == "none":
         from srtcli.rollout.drafters.none import NoDrafter
 

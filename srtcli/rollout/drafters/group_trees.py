@@ -32,10 +32,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from cache_store.seqstore import LOAD_NEWEST, LOAD_TOKENS
+from cache_store.store import LOAD_NEWEST, LOAD_TOKENS, TREE_DEPTH
 from cache_store.suffix_tree import SuffixTree
 
-DEPTH = 64
 SHARED_DEPTH = 24  # the run-wide tree: SuffixDecoding's global-tree depth
 SHARED_MAX_TOKENS = 1 << 21  # then the run-wide tree starts again from its newest sequences
 SHARED_MAX_SEQUENCES = 1 << 18  # or then: short outputs would fill its sequence table first
@@ -78,7 +77,6 @@ class PromptTree:
     hit: bool  # the store held sequences for the prompt when it was first needed
     added: list[int] = field(default_factory=list)  # ids (in `tree`) of the sequences this run streamed
     counted: bool = False  # counted in `loaded`/`hits`
-    finished: int = 0  # samples done (the vLLM proposer ends a group after K)
     loading: Future | None = None  # the stored tree being built off the step, until `adopt`
     due: int = 0  # the step that adopts it
     moving: list = field(default_factory=list)  # the streams opened on `tree` meanwhile
@@ -121,7 +119,7 @@ class GroupTrees:
         stored sequences (at most LOAD_NEWEST of them and `load_tokens` tokens), built in the
         step or off it as `_group` decides."""
         if self.cache is None:
-            return PromptTree(SuffixTree(DEPTH), False)
+            return PromptTree(SuffixTree(TREE_DEPTH), False)
         seqs = self.cache.stored(uid, self.load_tokens)
         return self._group(seqs, bool(seqs))
 
@@ -131,8 +129,8 @@ class GroupTrees:
         size = sum(len(s[0]) for s in seqs)
         if self.load_steps == 0 or size <= self.inline_tokens - self.inline_used:
             self.inline_used += size
-            return PromptTree(SuffixTree.from_sequences(seqs, DEPTH), hit)
-        g = PromptTree(SuffixTree(DEPTH), hit, loading=self._build(seqs, DEPTH), due=self.step + self.load_steps)
+            return PromptTree(SuffixTree.from_sequences(seqs, TREE_DEPTH), hit)
+        g = PromptTree(SuffixTree(TREE_DEPTH), hit, loading=self._build(seqs, TREE_DEPTH), due=self.step + self.load_steps)
         self.loading.append(g)
         return g
 

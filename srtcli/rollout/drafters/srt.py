@@ -32,7 +32,7 @@ import random
 from operator import mul
 from typing import Any
 
-from cache_store.seqstore import LOAD_TOKENS
+from cache_store.store import LOAD_TOKENS
 from cache_store.suffix_tree import best_draft, merged_draft, sample_draft
 from srtcli.rollout.drafters.base import Drafter, Proposal
 from srtcli.rollout.drafters.group_trees import GroupTrees

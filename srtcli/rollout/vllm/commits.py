@@ -11,9 +11,10 @@ and goes to the store in one `append_many` once `commit_every` are waiting or th
 waited `commit_seconds` (checked at every engine step, and by the proposer when vLLM is idle),
 and at the end of a rollout batch or of the process. An idle group leaving memory has its
 waiting sequences appended first, so a later load of the prompt reads them back. What a killed worker loses is
-the waiting sequences: each append is one LMDB transaction, so the store is never left
-half-written. A failed append is logged and dropped: the cache only steers drafts, and it
-must never stop the server.
+the waiting sequences: each append is atomic (per prompt on a server), so the store is never
+left half-written. A failed append never stops the server: the tree cache retries what a lost
+server did not take and, if it is still gone at close, writes it to a local store for
+`srt cache import`.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ import time
 from collections import OrderedDict, deque
 from typing import Any
 
+from cache_store.store import TREE_DEPTH
 from cache_store.suffix_tree import SuffixTree
-from srtcli.rollout.drafters.group_trees import DEPTH, GROUP_MAX_SEQUENCES, GROUP_MAX_TOKENS, GroupTrees, PromptTree
+from srtcli.rollout.drafters.group_trees import GROUP_MAX_SEQUENCES, GROUP_MAX_TOKENS, GroupTrees, PromptTree
 
 COMMIT_EVERY = 64  # sequences per append
 COMMIT_SECONDS = 2.0  # the longest an ended sequence waits (also: idle time before all is committed)
@@ -55,7 +57,7 @@ class ResidentTrees:
             g = self.trees.group(uid)
         except Exception as e:  # noqa: BLE001 - logged: the cache must never stop vLLM
             log.error("srt: cannot load prompt %s from the cache %s: %s", uid, self.trees.cache.path, e)
-            g = self.trees.groups[uid] = PromptTree(SuffixTree(DEPTH), False)
+            g = self.trees.groups[uid] = PromptTree(SuffixTree(TREE_DEPTH), False)
         if g.tree.sequences >= GROUP_MAX_SEQUENCES or g.tree.tokens > GROUP_MAX_TOKENS:
             g = self.trees.restart(uid, g)  # a server that sees one prompt very often
         self.trees.count(g)
@@ -101,11 +103,6 @@ class ResidentTrees:
         except Exception as e:  # noqa: BLE001 - logged: the cache must never stop vLLM
             log.error("srt: cannot append %d sequences to the cache %s: %s", n, cache.path, e)
             return False
-
-    def forget_all(self) -> None:
-        """Drop every idle group (live ones stay)."""
-        for uid in list(self.idle):
-            self.forget(uid)
 
     @property
     def waiting(self) -> int:

@@ -23,7 +23,7 @@ the worker (`worker_extension_cls`), so no cache is opened at start-up; it calls
 `collective_rpc("srt_reload", path)` before a rollout (its `settings.ProposerSettings`: the cache, the length
 cap, draft options; `$SRT_VLLM_SETTINGS` names one at start-up instead), and `srt_finish` after
 each `generate`, which ends every sequence, appends and returns the counters. With tensor
-parallelism every rank drafts the same way but only rank 0 writes LMDB.
+parallelism every rank drafts the same way but only rank 0 appends to the tree cache.
 """
 
 from __future__ import annotations

@@ -32,11 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from srtcli.rollout.drafters.group_trees import DEPTH, PromptTree
+from cache_store.store import TREE_DEPTH
+from srtcli.rollout.drafters.group_trees import PromptTree
 
 # tokens before a row's known length that recognise it (with the length) next step: as many as a
 # draft reads, so only rows that end alike as far as a draft looks can be taken for each other
-TAIL = DEPTH
+TAIL = TREE_DEPTH
 PARK_STEPS = 256  # steps a sequence out of the batch may still come back as itself
 TURN_PREFIX = "srt-turn:"
 

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cache_store.seqstore import LOAD_TOKENS
+from cache_store.store import LOAD_TOKENS
 from srtcli.rollout.drafters.group_trees import LOAD_STEPS
 
 SETTINGS_ENV = "SRT_VLLM_SETTINGS"

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from cache_store.seqstore import LmdbSequenceStore, load_tree
+from cache_store.seqstore import LmdbSequenceStore
+
+from cache_store.store import load_tree
 from cache_store.uid import prompt_uid
 from srtcli.cli import cli
 from tests.cache_store.support import old_format_cache
@@ -482,7 +484,7 @@ def test_warming_from_a_pool_stores_exactly_the_sequences_rollout_stored(tmp_pat
 def test_drafting_skips_a_corrupt_record_and_goes_on(filled):
     """The rollout drafter on a cache with a flipped byte: that prompt drafts from an empty
     tree (with a warning), the others still draft, nothing crashes."""
-    from cache_store.errors import CorruptTreeWarning
+    from cache_store.errors import CorruptSequenceWarning
     from srtcli.rollout.drafters.srt import SrtDrafter
     from srtcli.tree_cache import TreeCache
     from srtcli.rollout.engine.sequence import Sequence
@@ -492,7 +494,7 @@ def test_drafting_skips_a_corrupt_record_and_goes_on(filled):
     with LmdbSequenceStore.open(filled, create=False) as s:
         d = SrtDrafter(TreeCache(s))
         seqs = [Sequence([p], 8, group=u) for u, p in ((bad, 3), (good, 4))]
-        with pytest.warns(CorruptTreeWarning, match=bad):
+        with pytest.warns(CorruptSequenceWarning, match=bad):
             d.begin(seqs[0])
         d.begin(seqs[1])
         assert d.propose(seqs[0], 8).tokens == []

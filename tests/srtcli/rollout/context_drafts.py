@@ -4,14 +4,15 @@ the way the drafting rules define it, instead of read off the sequence's own str
 
 from __future__ import annotations
 
-from srtcli.rollout.drafters.group_trees import DEPTH, SHARED_DEPTH
+from cache_store.store import TREE_DEPTH
+from srtcli.rollout.drafters.group_trees import SHARED_DEPTH
 from tests.cache_store.reference_tree import expected_length
 
 
 def context_draft(tree, shared, ctx: list[int], budget: int, min_prob: float) -> list[int]:
     """The prompt tree's draft after `ctx`, or the run-wide tree's if that one expects to be
     accepted for longer."""
-    best = tree.draft(ctx[-DEPTH:], budget=budget, min_prob=min_prob)
+    best = tree.draft(ctx[-TREE_DEPTH:], budget=budget, min_prob=min_prob)
     if shared is not None:
         other = shared.draft(ctx[-SHARED_DEPTH:], budget=budget, min_prob=min_prob)
         if expected_length(other.probs) > expected_length(best.probs):

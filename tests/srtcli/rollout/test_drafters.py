@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 import random
 
-from cache_store.seqstore import LmdbSequenceStore, load_tree
+from cache_store.seqstore import LmdbSequenceStore
+
+from cache_store.store import load_tree
 from srtcli.tree_cache import TreeCache
 from srtcli.rollout.drafters import make_drafter
 from srtcli.rollout.drafters.ngram import NgramDrafter
@@ -251,7 +253,7 @@ def test_srt_drafts_from_the_last_64_tokens_after_the_prompts_last_token():
     drafts read off the sequence's streams are those looked up from that context."""
     import random
 
-    from srtcli.rollout.drafters.group_trees import DEPTH
+    from cache_store.store import TREE_DEPTH
     from tests.srtcli.rollout.context_drafts import context_draft
 
     rng = random.Random(0)
@@ -268,6 +270,6 @@ def test_srt_drafts_from_the_last_64_tokens_after_the_prompts_last_token():
         out = body[:out_len]
         s.tokens += out
         d.extend(s, out)
-        want_ctx = ([prompt[-1]] + out)[-DEPTH:]
+        want_ctx = ([prompt[-1]] + out)[-TREE_DEPTH:]
         want = context_draft(d.trees.group("g").tree, d.trees.shared, want_ctx, 6, d.min_prob)
         assert d.propose(s, 6).tokens == want, out_len

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cache_store.seqstore import LOAD_TOKENS, LmdbSequenceStore
+from cache_store.seqstore import LmdbSequenceStore
+
+from cache_store.store import LOAD_TOKENS
 from cache_store.uid import prompt_uid
 from srtcli.tree_cache import TreeCache
 from srtcli.rollout.config import RolloutConfig

@@ -191,6 +191,21 @@ def test_admission_is_sample_major():
     assert [s.meta["i"] for s in sample_major(seqs)] == [0, 2, 5, 1, 3, 4]
 
 
+def test_the_srt_drafter_gets_srt_rollouts_options_and_defaults(tmp_path):
+    """The TRL rollout drafts as `srt rollout` does: the same drafter options, the same defaults."""
+    import dataclasses
+
+    from srtcli.rollout.config import RolloutConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}
+    built = srt_rollout_func(cache=None)._drafter(sampling=True)
+    assert (built.trees.shared is not None, built.stop, built.trees.load_tokens) == \
+        (defaults["shared_tree"], defaults["draft_stop"], defaults["load_tokens"])
+    assert (built.mode, built.min_prob) == (defaults["draft_mode"], defaults["min_prob"])
+    other = srt_rollout_func(cache=None, shared_tree=False, draft_stop=False, load_tokens=1000)._drafter(True)
+    assert (other.trees.shared, other.stop, other.trees.load_tokens) == (None, False, 1000)
+
+
 def test_tools_run_between_turns_and_their_output_is_masked(tmp_path):
     import re
 

@@ -16,7 +16,7 @@ from cache_store.seqstore import LmdbSequenceStore
 from cache_store.uid import prompt_uid
 from srtcli.tree_cache import TreeCache
 from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_length
-from srtcli.rollout.drafters.group_trees import DEPTH
+from cache_store.store import TREE_DEPTH
 from srtcli.rollout.vllm.settings import ProposerSettings
 from srtcli.rollout.vllm.row_tracking import TAIL, gather_tails, parse_turn_request, turn_request_id
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
@@ -109,7 +109,7 @@ class WholeRowTracking(TreeDrafts):
         room = min(self.budget if tail else s.spec_len, self.max_model_len - n - 1, self.cap - (n - s.plen) - 1)
         if room <= 0:
             return []
-        ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(DEPTH - 1):].tolist()
+        ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(TREE_DEPTH - 1):].tolist()
         toks = context_draft(s.group.tree, self.trees.shared, ctx, room, self.settings.min_prob)
         if toks:
             self.c.drafted_rows += 1

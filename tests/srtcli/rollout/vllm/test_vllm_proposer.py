@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cache_store.seqstore import LmdbSequenceStore, load_tree
+from cache_store.seqstore import LmdbSequenceStore
+
+from cache_store.store import load_tree
 from cache_store.uid import prompt_uid
 from srtcli.tree_cache import TreeCache
 from srtcli.rollout.drafters.srt import SrtDrafter
@@ -20,7 +22,7 @@ from srtcli.rollout.engine.sequence import Sequence
 from srtcli.errors import SrtError
 from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.vllm.engine import check_model, refusal
-from srtcli.rollout.drafters.group_trees import DEPTH
+from cache_store.store import TREE_DEPTH
 from srtcli.rollout.vllm.settings import ProposerSettings, read_settings, write_settings
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 
@@ -173,7 +175,7 @@ def test_a_rows_prompt_is_what_it_held_before_its_first_sampled_tokens(tmp_path)
     d.propose([[20], [21], [22], [22, 23]], np.array([4, 6, 4, 5]), ids)
     assert [d.rows[i].uid for i in range(4)] == [prompt_uid([99, 98, 97], FP), UID_B, UID_A, UID_A]
     assert d.rows[2].group is d.rows[3].group  # one prompt, one tree
-    assert DEPTH == 64
+    assert TREE_DEPTH == 64
 
 
 @pytest.mark.parametrize("bound", ["sequences", "tokens", "tokens, built off the step"])
