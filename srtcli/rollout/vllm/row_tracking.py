@@ -60,6 +60,7 @@ class TrackedSeq:
     spec_len: int = -1  # adaptive draft length (-1: not started, = budget)
     done: bool = False  # eos or max_new_tokens reached: it takes no more tokens
     ended: bool = False  # committed (or waiting to be)
+    early: bool = False  # ended by an idle commit before it was done: its row may still come back
     left: int = -1  # the step it left the batch at, while it may come back
     trajectory: str | None = None  # the driver's trajectory key (its turns are requests of their own)
 

@@ -210,8 +210,9 @@ class TreeDrafts:
 
     def _left(self, s: TrackedSeq) -> None:
         """A sequence left the batch (finished, preempted or skipped: it may come back); ends in
-        `PARK_STEPS`, or for a driver's trajectory (between turns) at `finish`."""
-        if s.ended:
+        `PARK_STEPS`, or for a driver's trajectory (between turns) at `finish`. One an idle commit
+        ended early is still parked: if its row comes back it goes on as itself."""
+        if s.ended and not s.early:
             return
         if s.trajectory is not None:
             self.trajectories[s.trajectory] = s
@@ -343,14 +344,16 @@ class TreeDrafts:
     def commit_if_idle(self, seconds: float | None = None) -> None:
         """When vLLM is idle (`StepClock.idle`, `seconds` default commit_seconds) nothing runs:
         every sequence has ended, whether its row has been seen to leave or not. End them all and
-        append. (A row that does step again drafts on; only its stored copy stops here.)"""
+        append. A step that only stalled looks the same, so each stays tracked: a row that does
+        step again, or comes back after vLLM skipped it, drafts on as the same sequence (never a
+        second copy of its tokens); only its stored copy stops here."""
         with self.lock:
             idle = self.clock.idle(self.groups.commit_seconds if seconds is None else seconds)
             if idle and (self.rows or self.away or self.groups.waiting):
-                for s in self.rows.values():
-                    if s.trajectory is None:  # a driver's trajectories may be waiting for a tool
-                        self._end(s)
-                self._end_all(self.away)
+                live = [s for s in self.rows.values() if s.trajectory is None]  # trajectories may wait for a tool
+                for s in live + list(self.away.values()):
+                    s.early = s.early or not (s.ended or s.done)
+                    self._end(s)
                 self.flush()
 
     def _end_all(self, seqs: dict) -> None:

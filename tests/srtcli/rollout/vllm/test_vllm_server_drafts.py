@@ -95,6 +95,26 @@ def test_a_request_out_of_the_batch_comes_back_as_itself_and_a_longer_row_is_a_n
     assert stored(tmp_path / "c")[prompt_uid(P, FP)] == [(7, 30, 31, 32)]  # one sequence, not two
 
 
+def test_a_request_back_after_an_idle_commit_goes_on_as_itself(tmp_path):
+    """A stalled step looks idle: the commit stores the sequences, and a row vLLM skipped that
+    comes back afterwards is still the same sequence, not a second copy of its tokens."""
+    with LmdbSequenceStore.open(tmp_path / "c") as store:
+        d, b = drafts(store, commit_seconds=0.01), Batch()
+        generate(b, d, 0, P, [30, 31])
+        b.put(0, Q + [40])
+        b.step(d, [[40]])  # skipped: another request has the row
+        time.sleep(d.clock.idle_after(0.01))
+        d.commit_if_idle()
+        assert stored(tmp_path / "c")[prompt_uid(P, FP)] == [(7, 30, 31)]
+        b.put(1, P + [30, 31, 32])  # back, with one more token
+        b.step(d, [[40], [32]])
+        assert d.c.resumed_rows == 1 and d.rows[1].uid == prompt_uid(P, FP)
+        assert d.trees.groups[prompt_uid(P, FP)].tree.sequences == 1
+        d.finish()
+    assert prompt_uid(P + [30, 31], FP) not in stored(tmp_path / "c")
+    assert stored(tmp_path / "c")[prompt_uid(P, FP)] == [(7, 30, 31)]
+
+
 def test_a_request_away_for_longer_than_park_steps_is_ended_and_returns_as_a_new_prompt(tmp_path):
     d, b = drafts(), Batch()
     generate(b, d, 0, P, [30, 31])
