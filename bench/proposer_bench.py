@@ -29,7 +29,9 @@ tree's inserts cost. A stored tree is built off the step and adopted `--load-ste
 (the proposer's default); `--in-step` adds `srt-in-step`, which builds it inside the step, and
 `--forward-ms` waits after each step as the host does during a GPU forward (untimed), the time
 in which builds off the step run. srt's tree work runs on `--threads` threads (the proposer's
-default: the cores it may use, at most 4); `--one-thread` adds `srt-1-thread`. Past
+default: the cores it may use, at most 4); `--one-thread` adds `srt-1-thread`; `--second-run`
+adds `srt-warm`, srt on the cache a first, untimed run of the same steps filled (the next
+epoch's proposer, its prompts' trees loaded from what the first run committed). Past
 `--shared-max-tokens` the run-wide tree is rebuilt from its newest sequences (off the step, or
 in it with `--load-steps 0`): the slowest step shows what that costs. Not a test.
 
@@ -215,14 +217,19 @@ def propose(prop: TreeDrafts | Arctic, batch: Batch, sampled: list[list[int]]) -
     return prop.propose(sampled, batch.num, batch.ids)
 
 
+def srt_settings(args: argparse.Namespace, shared: bool = True, load_steps: int | None = None,
+                 threads: int | None = None) -> ProposerSettings:
+    return ProposerSettings(None, args.tokens, [EOS], adaptive=not args.fixed_budget, shared=shared,
+                            fingerprint=FINGERPRINT, load_steps=args.load_steps if load_steps is None else load_steps,
+                            threads=threads)
+
+
 def srt_proposer(args: argparse.Namespace, shared: bool, work: Workload, stores: str,
                  load_steps: int | None = None, threads: int | None = None) -> TreeDrafts:
     """The srt proposer; with `--history`, on a cache (under `stores`) that holds each prompt's
     earlier responses from before its first request, as a later epoch's cache does (built off
     the step, adopted `load_steps` steps later; 0: in it)."""
-    settings = ProposerSettings(None, args.tokens, [EOS], adaptive=not args.fixed_budget, shared=shared,
-                                fingerprint=FINGERPRINT, load_steps=args.load_steps if load_steps is None else load_steps,
-                                threads=threads)
+    settings = srt_settings(args, shared, load_steps, threads)
     cache = None
     if args.history:
         store = LmdbSequenceStore.open(tempfile.mkdtemp(dir=stores))
@@ -232,16 +239,32 @@ def srt_proposer(args: argparse.Namespace, shared: bool, work: Workload, stores:
     return TreeDrafts(settings, BUDGET, PROMPT_LEN + args.tokens + 8, cache=cache)
 
 
+def warm_proposer(args: argparse.Namespace, stores: str, work: Callable[[], Workload]) -> TreeDrafts:
+    """srt on the cache a first, untimed run of the same steps filled (every sequence committed
+    at its end, as after `srt_finish`): the proposer of the next epoch over the same prompts."""
+    store = LmdbSequenceStore.open(tempfile.mkdtemp(dir=stores))
+    first, batch = TreeDrafts(srt_settings(args), BUDGET, PROMPT_LEN + args.tokens + 8, cache=TreeCache(store)), \
+        Batch(work(), args.rows, args.verify)
+    batch.offer(propose(first, batch, batch.catch_up()))
+    for _ in range(args.steps):
+        batch.offer(propose(first, batch, batch.step()))
+        batch.retire()
+    first.finish()
+    return TreeDrafts(srt_settings(args), BUDGET, PROMPT_LEN + args.tokens + 8, cache=TreeCache(store))
+
+
 def run(args: argparse.Namespace, stores: str) -> dict:
     k = args.rows // args.prompts
     prompts = args.prompts + (args.steps * ADMIT) // k + 2
     kinds: dict = {}
-    for name in ("srt", "srt-own", "srt-in-step", "srt-1-thread", "arctic"):
+    for name in ("srt", "srt-own", "srt-in-step", "srt-1-thread", "srt-warm", "arctic"):
         if (name == "srt-own" and not args.own_tree) or (name == "srt-in-step" and not args.in_step) \
-                or (name == "srt-1-thread" and not args.one_thread):
+                or (name == "srt-1-thread" and not args.one_thread) or (name == "srt-warm" and not args.second_run):
             continue
         work = Workload(args.seed, k, args.tokens, prompts, args.history)
-        if name == "arctic":
+        if name == "srt-warm":
+            prop = warm_proposer(args, stores, lambda: Workload(args.seed, k, args.tokens, prompts, args.history))
+        elif name == "arctic":
             try:
                 prop = Arctic(PROMPT_LEN + args.tokens + 8)
             except ImportError:
@@ -329,6 +352,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="threads of srt's tree work (default: the proposer's, the cores up to 4)")
     ap.add_argument("--one-thread", action="store_true", help="also srt on one thread (srt-1-thread)")
+    ap.add_argument("--second-run", action="store_true",
+                    help="also srt on the cache a first run of the same steps filled (srt-warm)")
     ap.add_argument("--shared-max-tokens", type=int, default=SHARED_BOUND,
                     help="the run-wide tree's bound, past which it is rebuilt from its newest sequences "
                          "(lower it to see a rebuild within a short run)")
