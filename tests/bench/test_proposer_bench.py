@@ -61,3 +61,17 @@ def test_history_comes_before_a_prompts_first_request():
         _, p, _ = work.request()
         assert seen[-1][0] == work.prompts[p]
     assert [lens for _, lens in seen] == [[32] * 3] * 2  # once per prompt, K requests each
+
+
+def test_the_second_run_loads_every_prompt_from_what_the_first_committed(tmp_path):
+    import argparse
+
+    from bench.proposer_bench import warm_proposer
+
+    args = argparse.Namespace(tokens=64, fixed_budget=False, load_steps=0, rows=8, verify=False, steps=60)
+    warm = warm_proposer(args, str(tmp_path), lambda: Workload(seed=2, k=4, tokens=64, prompts=40))
+    store = warm.trees.cache.store
+    assert len(store.uids()) >= 2 and all(store.read(u) for u in store.uids())
+    batch = Batch(Workload(seed=2, k=4, tokens=64, prompts=40), 8)
+    warm.propose(batch.catch_up(), batch.num, batch.ids)
+    assert warm.trees.hits == warm.trees.loaded > 0  # every prompt it met was in the cache
