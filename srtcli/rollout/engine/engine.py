@@ -100,11 +100,11 @@ class Engine:
         self.device = next(model.parameters()).device
         register_slot_attention()
         check_kv_fits(model, slots, max_len)  # before the cache grows to that size
-        self.cache = SlotKVCache(slots, max_len)
+        self.kv_cache = SlotKVCache(slots, max_len)
         self.slots: list[Sequence | None] = [None] * slots
         self.gen = torch.Generator(device=self.device).manual_seed(seed)
         self.stats = EngineStats()
-        self.forward_pass = ForwardPass(model, params, self.cache, slots, self.device,
+        self.forward_pass = ForwardPass(model, params, self.kv_cache, slots, self.device,
                                         next(model.parameters()).dtype, max_len, self.stats)
         # prompt -> (p after it, sequences whose slots hold its KV): see _share_prompts
         self._prompts: dict[tuple, tuple[torch.Tensor, list[Sequence]]] = {}
@@ -226,7 +226,7 @@ class Engine:
         for seq, key, donor in ready:
             copies.setdefault((donor.slot, len(key)), []).append(seq.slot)
         for (src, n), dst in copies.items():
-            self.cache.copy_prefix(src, dst, n)
+            self.kv_cache.copy_prefix(src, dst, n)
         p0 = torch.stack([self._prompts[key][0] for _, key, _ in ready])
         toks = sample(p0, self.gen)
         lps = p0.gather(1, toks[:, None]).clamp_min(1e-38).log().view(-1).tolist()
@@ -282,7 +282,7 @@ class Engine:
                 self._prompts[tuple(rows[r].tokens)] = (p, [rows[r]])
         if any(pr.parents is not None for pr in props):
             keep = 1 + max(len(pr.tokens) for pr in props)
-            verdicts = verify_trees(target.dense(keep), rows, props, self.gen, self.cache)
+            verdicts = verify_trees(target.dense(keep), rows, props, self.gen, self.kv_cache)
         else:
             verdicts = list(zip(*verify_chains(target, props, self.gen, self.device)))
         if self.draft_cost is not None and timed:

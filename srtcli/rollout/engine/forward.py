@@ -47,9 +47,9 @@ class ForwardPass:
     runs with our `srt_slots` attention only if it was loaded with sdpa or eager (it is put
     back after each forward); any other attention takes the padded path."""
 
-    def __init__(self, model: torch.nn.Module, params: SamplingParams, cache: SlotKVCache, slots: int,
+    def __init__(self, model: torch.nn.Module, params: SamplingParams, kv_cache: SlotKVCache, slots: int,
                  device: torch.device, dtype: torch.dtype, max_len: int, stats: EngineStats):
-        self.model, self.params, self.cache, self.slots = model, params, cache, slots
+        self.model, self.params, self.kv_cache, self.slots = model, params, kv_cache, slots
         self.device, self.dtype, self.max_len, self.stats = device, dtype, max_len, stats
         self.attn = "srt_slots" if model.config._attn_implementation in ("sdpa", "eager") else None
         self.cache_keyword = cache_keyword(model)
@@ -81,7 +81,7 @@ class ForwardPass:
             posids = mask_trees(trees_rows, lay, arow, mask)
         slot_idx = longs([s.slot for s in rows])
         read = torch.arange(nslots) if na == nslots else slot_idx
-        self.cache.prepare(read.to(dev), slot_idx[lay.tok_row][None].to(dev), lay.flat[None].to(dev),
+        self.kv_cache.prepare(read.to(dev), slot_idx[lay.tok_row][None].to(dev), lay.flat[None].to(dev),
                            lay.lcur, na == nslots)
         ids = longs([t for x in inputs for t in x])[None]
         windows = Windows(lambda: packed_positions(lay, posids, arow, na))
@@ -107,7 +107,7 @@ class ForwardPass:
         mask = self._mask(pos_t, lcur)
         slots = [s.slot for s in rows]
         slot_idx = longs(slots)
-        self.cache.prepare(slot_idx.to(dev), slot_idx[:, None].expand(b, q).to(dev), widx.to(dev), lcur,
+        self.kv_cache.prepare(slot_idx.to(dev), slot_idx[:, None].expand(b, q).to(dev), widx.to(dev), lcur,
                            slots == list(range(self.slots)))
         windows = Windows(lambda: (pos_t, torch.arange(lcur).expand(b, lcur)))
         out = self._model_forward(ids_t, pos_t, mask, keep, None, rows, windows)
@@ -140,7 +140,7 @@ class ForwardPass:
             with packed_attention(packed, windows):
                 out = self._call_model(
                     input_ids=ids.to(dev), position_ids=pos.to(dev), attention_mask=mask.to(dev),
-                    **{self.cache_keyword: self.cache}, use_cache=True, logits_to_keep=keep,
+                    **{self.cache_keyword: self.kv_cache}, use_cache=True, logits_to_keep=keep,
                 )
         finally:
             cfg._attn_implementation = saved

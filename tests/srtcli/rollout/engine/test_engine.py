@@ -118,12 +118,12 @@ class ShortCopy(Engine):
     """Deliberately wrong prefix sharing: copies only the first half of the prompt's KV."""
 
     def _follow(self, followers):
-        copy = self.cache.copy_prefix
-        self.cache.copy_prefix = lambda src, dst, n: copy(src, dst, n // 2)
+        copy = self.kv_cache.copy_prefix
+        self.kv_cache.copy_prefix = lambda src, dst, n: copy(src, dst, n // 2)
         try:
             return super()._follow(followers)
         finally:
-            self.cache.copy_prefix = copy
+            self.kv_cache.copy_prefix = copy
 
 
 @pytest.mark.parametrize("engine_cls,exact", [(Engine, True), (ShortCopy, False)])

@@ -29,7 +29,7 @@ def test_the_estimate_is_the_bytes_the_engine_allocates(name):
     for p in ([1, 2, 3], [4, 5], [6]):
         eng.admit(Sequence(p, max_new_tokens=2))
     eng.step()
-    allocated = sum(t.nbytes for d in (eng.cache.k, eng.cache.v) for t in d.values())
+    allocated = sum(t.nbytes for d in (eng.kv_cache.k, eng.kv_cache.v) for t in d.values())
     assert allocated == kv_cache_bytes(model, 3, 40) > 0
 
 
