@@ -56,12 +56,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.workloads import noisy_copy, zipf_tokens  # noqa: E402
 from cache_store.seqstore import LmdbSequenceStore  # noqa: E402
 from cache_store.uid import prompt_uid  # noqa: E402
-from srtcli.rollout.drafters import group_trees  # noqa: E402
+from srtcli.rollout.drafters import prompt_trees  # noqa: E402
 from srtcli.rollout.vllm.settings import ProposerSettings  # noqa: E402
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts, feed_threads  # noqa: E402
-from srtcli.tree_cache import TreeCache  # noqa: E402
+from srtcli.store_link import StoreLink  # noqa: E402
 
-SHARED_BOUND = group_trees.SHARED_MAX_TOKENS  # the proposer's own
+SHARED_BOUND = prompt_trees.SHARED_MAX_TOKENS  # the proposer's own
 EOS = 32_001  # never generated: rows end at their length, as a length-capped vLLM request does
 PROMPT_LEN, BUDGET, ADMIT = 256, 8, 2
 FINGERPRINT = "tok1-bench"
@@ -230,27 +230,27 @@ def srt_proposer(args: argparse.Namespace, shared: bool, work: Workload, stores:
     earlier responses from before its first request, as a later epoch's cache does (built off
     the step, adopted `load_steps` steps later; 0: in it)."""
     settings = srt_settings(args, shared, load_steps, threads)
-    cache = None
+    link = None
     if args.history:
         store = LmdbSequenceStore.open(tempfile.mkdtemp(dir=stores))
         work.earlier = lambda prompt, resps: store.append(
             prompt_uid(prompt, FINGERPRINT), [[prompt[-1]] + r.tolist() for r in resps])  # anchor first
-        cache = TreeCache(store)
-    return TreeDrafts(settings, BUDGET, PROMPT_LEN + args.tokens + 8, cache=cache)
+        link = StoreLink(store)
+    return TreeDrafts(settings, BUDGET, PROMPT_LEN + args.tokens + 8, link=link)
 
 
 def warm_proposer(args: argparse.Namespace, stores: str, work: Callable[[], Workload]) -> TreeDrafts:
     """srt on the cache a first, untimed run of the same steps filled (every sequence committed
     at its end, as after `srt_finish`): the proposer of the next epoch over the same prompts."""
     store = LmdbSequenceStore.open(tempfile.mkdtemp(dir=stores))
-    first, batch = TreeDrafts(srt_settings(args), BUDGET, PROMPT_LEN + args.tokens + 8, cache=TreeCache(store)), \
+    first, batch = TreeDrafts(srt_settings(args), BUDGET, PROMPT_LEN + args.tokens + 8, link=StoreLink(store)), \
         Batch(work(), args.rows, args.verify)
     batch.offer(propose(first, batch, batch.catch_up()))
     for _ in range(args.steps):
         batch.offer(propose(first, batch, batch.step()))
         batch.retire()
     first.finish()
-    return TreeDrafts(srt_settings(args), BUDGET, PROMPT_LEN + args.tokens + 8, cache=TreeCache(store))
+    return TreeDrafts(srt_settings(args), BUDGET, PROMPT_LEN + args.tokens + 8, link=StoreLink(store))
 
 
 def run(args: argparse.Namespace, stores: str) -> dict:
@@ -283,10 +283,10 @@ def run(args: argparse.Namespace, stores: str) -> dict:
         [(name, step) for name in kinds for step in range(args.steps)]
     for name, (prop, batch) in kinds.items():  # untimed: the first rows' tokens so far go in
         if isinstance(prop, TreeDrafts):  # and their prompts' stored trees, loaded in that step
-            prop.trees.load_steps, load_steps = 0, prop.trees.load_steps
+            prop.session.trees.load_steps, load_steps = 0, prop.session.trees.load_steps
         batch.offer(propose(prop, batch, batch.catch_up()))
         if isinstance(prop, TreeDrafts):
-            prop.trees.load_steps = load_steps
+            prop.session.trees.load_steps = load_steps
     for name, _ in order:
         prop, batch = kinds[name]
         sampled = batch.step()
@@ -361,7 +361,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.rows, args.prompts, args.tokens, args.steps = 32, 4, 512, 40
-    group_trees.SHARED_MAX_TOKENS = args.shared_max_tokens
+    prompt_trees.SHARED_MAX_TOKENS = args.shared_max_tokens
     with tempfile.TemporaryDirectory() as stores:
         report(args, run(args, stores))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cache_store.warm import RolloutLine, Warmer, parse_rollout_line, pool_rollouts
-from srtcli.tree_cache import open_store
+from srtcli.store_link import open_store
 from srtcli.errors import SrtError, at
 from srtcli.jsonl import read_lines
 from srtcli.pool import StepRecord, iter_steps

@@ -31,7 +31,7 @@ from cache_store.locations import export_store, import_store
 from cache_store.store import is_server_url
 from srtcli.cli.config import config_option
 from srtcli.errors import SrtError
-from srtcli.tree_cache import open_store, shown
+from srtcli.store_link import open_store, shown
 
 
 def emit(as_json: bool, obj: dict[str, Any], lines: list[str]) -> None:

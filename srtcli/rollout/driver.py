@@ -1,32 +1,49 @@
 """One rollout, whichever engine generates it: the engine is a `Backend`, everything else is here.
 
 The driver plans the run (srtcli.rollout.plan: cache keys, reward, what a resumed pool still
-needs), opens the tree cache (`srtcli.tree_cache.TreeCache`, which the backend's drafters load
-from and hand sequences to) and the pool, lets the backend generate one rollout batch after
-another, writes each finished group (a reward per sample, one pool step per model turn, then a
-flush: a killed run leaves whole groups), ticks the cache after each batch (what the batch
-wrote is appended, then the clock advances), shows progress, and builds the summary. Backends: `srtcli.rollout.embedded.EmbeddedBackend` (srt's
-own engine) and `srtcli.rollout.vllm.engine.VllmBackend` (vLLM's offline API).
+needs), opens the run's tree session (`srtcli.rollout.tree_session.TreeSession`: the prompts'
+trees and the cache they load from and are stored in) where the backend drafts in this process,
+and the pool; then it takes what the backend's `generate` yields: each finished group it
+writes (a reward per sample, one pool step per model turn, then a flush: a killed run leaves
+whole groups), each batch end it passes to the session (what the batch wrote is appended, then
+the clock advances). It shows progress, closes the backend and the session (neither needs the
+other to close) and builds the summary. Backends: `srtcli.rollout.embedded.EmbeddedBackend`
+(srt's own engine, drafting from the driver's session) and `srtcli.rollout.vllm.engine.VllmBackend`
+(vLLM's offline API, whose proposer keeps its session in vLLM's worker).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Iterator, Protocol
 
-from srtcli.tree_cache import TreeCache
 from srtcli.progress import Bar, progress
 from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.plan import Plan, plan
 from srtcli.rollout.steps import Sample, turn_steps
 from srtcli.rollout.summary import Counts, Run, summary
+from srtcli.rollout.tree_session import TreeSession
+
+
+@dataclass
+class FinishedGroup:
+    """Prompt `index`'s K samples, in sample order, as a backend yields them."""
+
+    index: int
+    samples: list[Sample]
+
+
+@dataclass
+class BatchEnd:
+    """A rollout batch is over (every group of it yielded)."""
 
 
 class GroupWriter:
-    """Where a backend hands finished groups (written to the pool) and the end of each rollout batch."""
+    """Where the driver writes finished groups: rewarded, one pool step per model turn, flushed."""
 
-    def __init__(self, writer: Any, pl: Plan, k: int, bar: Bar, cache: TreeCache | None, temperature: float):
-        self.writer, self.plan, self.k, self.bar, self.cache = writer, pl, k, bar, cache
+    def __init__(self, writer: Any, pl: Plan, k: int, bar: Bar, temperature: float):
+        self.writer, self.plan, self.k, self.bar = writer, pl, k, bar
         self.temperature = temperature
         self.rewards: list[float] = []  # one per trajectory written by this run
 
@@ -40,14 +57,12 @@ class GroupWriter:
         self.writer.flush()
         self.bar.advance()
 
-    def batch_done(self) -> None:
-        """A rollout batch ended: its sequences reach the cache, then its clock advances."""
-        if self.cache is not None:
-            self.cache.tick()
-
 
 class Backend(Protocol):
-    """An engine behind the driver, called in this order (`close` and `shutdown` always)."""
+    """An engine behind the driver, called in this order (`close` and `shutdown` always).
+    `drafts_here`: its drafter runs in this process, from the driver's tree session."""
+
+    drafts_here: bool
 
     def load(self, config: RolloutConfig) -> tuple[Any, list]:
         """The tokenizer and the prompts; what the user can fix fails here, before any write."""
@@ -55,17 +70,17 @@ class Backend(Protocol):
     def check(self, pl: Plan) -> None:
         """What must fail before the cache is opened (the plan is known now)."""
 
-    def start(self, pl: Plan, cache: TreeCache | None) -> None:
-        """Ready to generate, drafting from `cache` (None when the run uses no cache)."""
+    def start(self, pl: Plan, session: TreeSession | None) -> None:
+        """Ready to generate (`session`: the driver's, where the backend drafts here)."""
 
-    def generate(self, pl: Plan, groups: GroupWriter) -> None:
-        """Every batch of `pl.chunks` in order, each group to `groups.group`, then `batch_done`."""
+    def generate(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
+        """Every batch of `pl.chunks` in order: each group as it finishes, then the batch's end."""
 
     def close(self) -> None:
         """The pool is closed: release what `start` took."""
 
-    def report(self, run: Run) -> tuple[Counts, dict, dict]:
-        """The counts, and the engine's own summary keys (after the rates, and last)."""
+    def report(self, run: Run) -> tuple[Counts, dict]:
+        """The counts, and the engine's own summary keys."""
 
     def shutdown(self) -> None:
         """The run is over (also after an error): stop what `load` started."""
@@ -83,29 +98,36 @@ def run_rollout(config: RolloutConfig, backend: Backend) -> dict[str, Any]:
 
 
 def _generate(config: RolloutConfig, backend: Backend, pl: Plan) -> dict[str, Any]:
-    cache = TreeCache.open(config.cache_opt, spill_dir=pl.out.parent) if config.uses_cache else None
+    session = None
+    if backend.drafts_here and config.uses_cache:
+        session = TreeSession.open(config.cache_opt, spill_dir=pl.out.parent, shared=config.shared_tree,
+                                   load_tokens=config.load_tokens)
     try:
-        backend.start(pl, cache)
+        backend.start(pl, session)
         t0, c0 = time.perf_counter(), time.process_time()
-        rewards = _write(config, backend, pl, cache)
+        rewards = _write(config, backend, pl, session)
     finally:
         backend.close()
-        if cache is not None:
-            cache.close()
+        if session is not None:
+            session.close()
     run = Run(time.perf_counter() - t0, time.process_time() - c0, rewards, len(pl.prompts), len(pl.skip))
-    counts, middle, tail = backend.report(run)
-    return summary(config, run, counts, pl.out, middle, tail)
+    counts, engine_keys = backend.report(run)
+    return summary(config, run, counts, pl.out, engine_keys)
 
 
-def _write(config: RolloutConfig, backend: Backend, pl: Plan, cache: TreeCache | None) -> list[float]:
+def _write(config: RolloutConfig, backend: Backend, pl: Plan, session: TreeSession | None) -> list[float]:
     """Generate into the pool; the rewards of the trajectories written."""
     from srtcli.pool import PoolWriter
 
     writer = PoolWriter(pl.out, resume=config.resume, fsync_every=1 << 30)
     try:
         with progress("rollout (prompts)", total=len(pl.todo)) as bar:
-            groups = GroupWriter(writer, pl, config.k, bar, cache, config.temperature)
-            backend.generate(pl, groups)
+            groups = GroupWriter(writer, pl, config.k, bar, config.temperature)
+            for event in backend.generate(pl):
+                if isinstance(event, FinishedGroup):
+                    groups.group(event.index, event.samples)
+                elif session is not None:
+                    session.end_batch()
     finally:
         writer.close()
     return groups.rewards

@@ -8,15 +8,16 @@ engine's thread (srtcli.rollout.agent).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 from srtcli.errors import SrtError
 from srtcli.rollout.agent.setup import ToolOptions
 from srtcli.rollout.config import TREE_ATTENTION, RolloutConfig
-from srtcli.rollout.driver import GroupWriter
+from srtcli.rollout.driver import BatchEnd, FinishedGroup
+from srtcli.rollout.groups import GroupCollector
 from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
 from srtcli.rollout.steps import sample_of
-from srtcli.rollout.summary import Counts, Run, reward_mean
+from srtcli.rollout.summary import Counts, Run
 
 
 def resolve_device(opt: str) -> str:
@@ -48,10 +49,24 @@ def check_tree_attention(config: RolloutConfig, model: Any) -> None:
         raise SrtError(f"--tail-nodes needs the model's sdpa or eager attention, not {attn} (0 turns tail trees off)")
 
 
+def make_engine(model: Any, params: Any, drafter: Any, hooks: Any, *, slots: int, budget: int, max_len: int,
+                eos_ids: set[int], seed: int, draft_length: str, tail_nodes: int) -> Any:
+    """The embedded engine as every rollout path builds it (`srt rollout`, the TRL rollout
+    function): `hooks`, an agent's tool hooks or None; `budget` 0 for plain decoding."""
+    from srtcli.rollout.engine.engine import Engine
+
+    return Engine(model, params, drafter, slots=slots, budget=budget, max_len=max_len, eos_ids=eos_ids,
+                  seed=seed, stop_fn=hooks.stop if hooks is not None else None,
+                  turn_end=hooks.turn_end if hooks is not None else None, draft_length=draft_length,
+                  tail_nodes=tail_nodes)
+
+
 class EmbeddedBackend:
     """The embedded engine behind the driver (srtcli.rollout.driver `Backend`). `drafter`, if
     given, is used instead of the one --draft names (a benchmark's outside baseline, one object
     kept across runs)."""
+
+    drafts_here = True
 
     def __init__(self, device: str = "auto", drafter: Any = None):
         self.device = resolve_device(device)  # a missing GPU is one line before anything is written
@@ -95,46 +110,38 @@ class EmbeddedBackend:
         self.max_len = min(self.ctx, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + room)
         check_kv_fits(self.model, self.slots, self.max_len)  # before the cache dir is opened
 
-    def start(self, pl: Plan, cache: Any) -> None:
-        from srtcli.rollout.engine.engine import Engine
+    def start(self, pl: Plan, session: Any) -> None:
         from srtcli.rollout.engine.sampling import SamplingParams
         from srtcli.rollout.model_facts import eos_ids
 
         c, model = self.config, self.model
-        self.drafter = self.given_drafter if self.given_drafter is not None else make_drafter_for(c, cache)
+        self.drafter = self.given_drafter if self.given_drafter is not None else make_drafter_for(c, session)
         eos = eos_ids(self.tok, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
-        stop_fn = turn_end = None
         if self.agent is not None:
             self.hooks = self.agent.hooks(self.tok, ToolOptions.of(c), {p.id: p.record for p in pl.prompts}, set(eos))
-            stop_fn, turn_end = self.hooks.stop, self.hooks.turn_end
-        self.engine = Engine(model, SamplingParams(c.temperature, c.top_p, c.top_k), self.drafter,
-                             slots=self.slots, budget=c.budget if c.draft != "none" else 0, max_len=self.max_len,
-                             eos_ids=set(eos), seed=c.seed, stop_fn=stop_fn, turn_end=turn_end,
-                             draft_length=c.draft_length,
-                             tail_nodes=c.tail_trees(self.device_type, model.config._attn_implementation))
+        self.engine = make_engine(model, SamplingParams(c.temperature, c.top_p, c.top_k), self.drafter, self.hooks,
+                                  slots=self.slots, budget=c.budget if c.draft != "none" else 0,
+                                  max_len=self.max_len, eos_ids=set(eos), seed=c.seed, draft_length=c.draft_length,
+                                  tail_nodes=c.tail_trees(self.device_type, model.config._attn_implementation))
 
-    def generate(self, pl: Plan, groups: GroupWriter) -> None:
+    def generate(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
         from srtcli.rollout.runahead import RunAhead, run_batches
 
         c = self.config
         index = {pl.uids[i]: i for i in pl.todo}
-        finished: dict[str, list] = {}
-
-        def on_finished(seq: Any) -> None:
-            group = finished.setdefault(seq.group, [])
-            group.append(seq)
-            if len(group) < c.k:
-                return
-            in_order = sorted(group, key=lambda s: s.meta["sample"])
-            rewards = [self.hooks.finish(s) if self.hooks else None for s in in_order]
-            groups.group(index[seq.group], [sample_of(s, self.tok, r) for s, r in zip(in_order, rewards)])
-            self.drafter.group_done(seq.group)
-            del finished[seq.group]
-
+        groups = GroupCollector(c.k)
         batches, upcoming = rollout_batches(c, pl)
-        run_batches(self.engine, batches, upcoming,
-                    RunAhead(self.run_ahead, window=max(pl.per, 1), tokens=c.run_ahead_tokens),
-                    on_finished, lambda b: groups.batch_done())
+        for seq in run_batches(self.engine, batches, upcoming,
+                               RunAhead(self.run_ahead, window=max(pl.per, 1), tokens=c.run_ahead_tokens)):
+            if isinstance(seq, int):
+                yield BatchEnd()
+                continue
+            group = groups.add(seq)
+            if group is None:
+                continue
+            rewards = [self.hooks.finish(s) if self.hooks else None for s in group]
+            yield FinishedGroup(index[seq.group], [sample_of(s, self.tok, r) for s, r in zip(group, rewards)])
+            self.drafter.group_done(seq.group)
 
     def close(self) -> None:
         if self.hooks is not None:
@@ -142,12 +149,11 @@ class EmbeddedBackend:
         if self.drafter is not None:
             self.drafter.close()
 
-    def report(self, run: Run) -> tuple[Counts, dict, dict]:
+    def report(self, run: Run) -> tuple[Counts, dict]:
         st, ds = self.engine.stats, self.drafter.stats()
         counts = Counts(st.emitted, st.forwards, st.row_forwards, st.drafted, st.accepted, st.runahead_tokens,
                         ds["cache_hit_rate"] if "cache_hit_rate" in ds else None)
-        return counts, {"model_s": round(st.model_s, 3)}, {"cpu_s": round(run.cpu, 3),
-                                                          "reward_mean": reward_mean(run.rewards)}
+        return counts, {"model_s": round(st.model_s, 3), "cpu_s": round(run.cpu, 3)}
 
     def shutdown(self) -> None:
         pass  # the model is an ordinary object of this process
@@ -168,12 +174,11 @@ def rollout_batches(c: RolloutConfig, pl: Plan) -> tuple[list, list]:
     return batches, [[Upcoming(uids[i], prompts[i].ids) for i in n] for n in nxt]
 
 
-def make_drafter_for(c: RolloutConfig, cache: Any) -> Any:
-    """The drafter --draft names (srt: over the tree cache `cache`)."""
+def make_drafter_for(c: RolloutConfig, session: Any) -> Any:
+    """The drafter --draft names (srt: over the run's tree session `session`)."""
     from srtcli.rollout.drafters import make_drafter
 
     if c.draft == "srt":
-        return make_drafter("srt", cache=cache, min_prob=c.min_prob, mode=c.draft_mode, seed=c.seed,
-                            shared=c.shared_tree, stop=c.draft_stop, record_probs=c.temperature > 0,
-                            load_tokens=c.load_tokens)
+        return make_drafter("srt", session=session, min_prob=c.min_prob, mode=c.draft_mode, seed=c.seed,
+                            stop=c.draft_stop, record_probs=c.temperature > 0)
     return make_drafter(c.draft)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from srtcli.errors import at
 from srtcli.rollout.config import RolloutConfig
@@ -34,6 +34,8 @@ class Plan:
         """The prompts still to do, one list per rollout batch."""
         return [self.todo[i: i + self.per] for i in range(0, len(self.todo), self.per)]
 
+T = TypeVar("T")
+
 
 def admission_order(chunk: list[int], k: int, order: str = "sample") -> list[tuple[int, int]]:
     """The (prompt, sample) pairs of a rollout batch in the order the engine starts them.
@@ -43,9 +45,13 @@ def admission_order(chunk: list[int], k: int, order: str = "sample") -> list[tup
     K starting together and feeding each other only what they generate in lockstep; the
     samples that do start together still share their prompt's prefill. "prompt"
     (prompt-major): a prompt's K samples together, so its prompt is prefilled once."""
-    if order == "prompt":
-        return [(i, s) for i in chunk for s in range(k)]
-    return [(i, s) for s in range(k) for i in chunk]
+    groups = [[(i, s) for s in range(k)] for i in chunk]
+    return [pair for g in groups for pair in g] if order == "prompt" else sample_major(groups)
+
+
+def sample_major(groups: list[list[T]]) -> list[T]:
+    """The first member of every group, then every second, ... (groups may differ in size)."""
+    return [g[s] for s in range(max(map(len, groups), default=0)) for g in groups if s < len(g)]
 
 
 def check_prompts_early(config: RolloutConfig) -> None:

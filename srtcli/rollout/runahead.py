@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Iterator
 
 from srtcli.rollout.engine.engine import Engine
 from srtcli.rollout.engine.sequence import Sequence
@@ -41,15 +41,11 @@ class Upcoming:
     prompt_ids: list[int]
 
 
-def run_batches(
-    engine: Engine,
-    batches: list[list[Sequence]],
-    upcoming: list[list[Upcoming]],
-    runahead: RunAhead,
-    on_finished: Callable[[Sequence], None],
-    on_batch_end: Callable[[int], None] = lambda b: None,
-) -> None:
-    """Roll out `batches` in order; `upcoming[b]` are the prompts to run ahead for during b."""
+def run_batches(engine: Engine, batches: list[list[Sequence]], upcoming: list[list[Upcoming]],
+                runahead: RunAhead) -> Iterator[Sequence | int]:
+    """Roll out `batches` in order; `upcoming[b]` are the prompts to run ahead for during b.
+    Yields each sequence of a batch as it finishes, then the batch's index once it is over
+    (its run-ahead work dropped)."""
     for b, batch in enumerate(batches):
         queue = deque(batch)
         ahead = deque(
@@ -64,7 +60,7 @@ def run_batches(
                     engine.admit(ahead.popleft())
             for seq in engine.step():
                 if not seq.runahead:
-                    on_finished(seq)
+                    yield seq
         for seq in engine.active():  # only run-ahead work can be left: drop it now
             engine.drop(seq)
-        on_batch_end(b)
+        yield b

@@ -1,7 +1,7 @@
 """The summary of a rollout run: the keys every engine reports, computed once from its counts.
 
-An engine reports `Counts`; the shared keys come first, in the order docs/rollout.md lists
-them, with room for an engine's own keys after the rates (`middle`) and at the end (`tail`).
+An engine reports `Counts` and its own keys; the shared keys come first, in the order
+docs/rollout.md lists them, then the engine's, then the mean reward.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from srtcli.tree_cache import shown
+from srtcli.store_link import shown
 from srtcli.rollout.config import RolloutConfig
 
 # the summary keys docs/rollout.md promises (the JSON has these and a few more)
@@ -41,7 +41,7 @@ class Run:
     skipped: int  # groups a resumed pool already held
 
 
-def summary(config: RolloutConfig, run: Run, counts: Counts, out: Any, middle: dict, tail: dict) -> dict[str, Any]:
+def summary(config: RolloutConfig, run: Run, counts: Counts, out: Any, engine_keys: dict) -> dict[str, Any]:
     """The summary of a run (`out` is the pool file)."""
     c = counts
     return {
@@ -54,7 +54,6 @@ def summary(config: RolloutConfig, run: Run, counts: Counts, out: Any, middle: d
         "draft_acceptance_rate": round(c.accepted / c.drafted, 4) if c.drafted else 0.0,
         "run_ahead_tokens": c.run_ahead_tokens,
         "cache_hit_rate": round(c.hit_rate, 4) if c.hit_rate is not None else None,
-        **middle,
         "drafted_tokens": int(c.drafted),
         "accepted_draft_tokens": int(c.accepted),
         "prompts": run.prompts,
@@ -62,7 +61,8 @@ def summary(config: RolloutConfig, run: Run, counts: Counts, out: Any, middle: d
         "samples_per_prompt": config.k,
         "draft": config.draft,
         "pool": str(out),
-        **tail,
+        **engine_keys,
+        "reward_mean": reward_mean(run.rewards),
     }
 
 

@@ -20,12 +20,14 @@ with sampling taken from `trainer.args` (temperature, top_p, top_k; greedy when 
 or `generation_kwargs={"do_sample": False}`), `max_completion_length` new tokens and TRL's own eos
 ids (`trainer.eos_token_ids`). Prompts are tokenized as TRL's generation does: conversational ones
 with the processing class's chat template (`add_generation_prompt=True`, the trainer's
-`chat_template`, `chat_template_kwargs`), plain strings as they are. The drafter (`draft="srt"`:
-`make_drafter("srt", cache=...)`) lives across calls; groups are keyed by srt's prompt uid (the
-prompt's ids and the tokenizer's fingerprint), as `srt rollout` keys them, so a cache written by
-`srt rollout` and one written here serve each other. The cache is ticked once per call and closed
-by `close()` or at the end of training (a callback added on the first call); a later call opens it
-again.
+`chat_template`, `chat_template_kwargs`), plain strings as they are, and the engine is built as
+`srt rollout` builds it (`embedded.make_engine`). The drafter (`draft="srt"`: srt's drafter over a
+tree session, `srtcli.rollout.tree_session.TreeSession`, with `srt rollout`'s options and
+defaults) and its session live across calls; groups are keyed by srt's prompt uid (the prompt's
+ids and the tokenizer's fingerprint), as `srt rollout` keys them, so a cache written by
+`srt rollout` and one written here serve each other. Each call is one rollout batch of the
+session (appended, then the clock ticks); the session is closed by `close()` or at the end of
+training (a callback added on the first call), and a later call opens it again.
 
 `logprobs` are the natural log of the probability the engine sampled each completion token with
 (the shaped distribution: after temperature, top-k and top-p, as vLLM's `processed_logprobs`
@@ -66,8 +68,8 @@ def srt_rollout_func(cache: Any = None, *, budget: int = 8, draft: str | Drafter
                      tool_timeout: float | None = None, tool_workers: int | None = None) -> SrtRollout:
     """A callable `f(prompts, trainer) -> dict` for `GRPOTrainer(rollout_func=f)`, with a `close()`.
 
-    `cache`: the tree cache (a directory, a `redis://` URL, an open `TreeCache`, or None: trees
-    live for one call only, the run-wide tree across calls). `budget`: draft tokens per row and
+    `cache`: the tree cache (a directory, a `redis://` URL, an open `TreeSession` whose owner
+    closes it, or None: trees live for one call only, the run-wide tree across calls). `budget`: draft tokens per row and
     forward (0: plain decoding). `draft`: a drafter name (`srt`, `ngram`, `suffix`, `none`) or a
     `Drafter` object (used as is; its owner closes it). `slots`: engine rows at most. `seed`: the
     engine's sampling seed of the first call (the trainer's `args.seed` if None), plus one per
@@ -80,19 +82,20 @@ def srt_rollout_func(cache: Any = None, *, budget: int = 8, draft: str | Drafter
     (their defaults when None)."""
     return SrtRollout(cache, budget=budget, draft=draft, slots=slots, seed=seed, draft_mode=draft_mode,
                       min_prob=min_prob, draft_length=draft_length, tail_nodes=tail_nodes,
-                      drafter_options={"shared": shared_tree, "stop": draft_stop, "load_tokens": load_tokens},
+                      tree_options={"shared": shared_tree, "load_tokens": load_tokens}, draft_stop=draft_stop,
                       tools=tools,
                       max_turns=max_turns, max_tool_tokens=max_tool_tokens, tool_timeout=tool_timeout,
                       tool_workers=tool_workers)
 
 
 class SrtRollout:
-    """The rollout function object: the tree cache and the drafter it keeps across calls, and the
-    last call's counts (`last`: forwards, accepted per forward, cache hit rate, ...)."""
+    """The rollout function object: the tree session and the drafter it keeps across calls, and
+    the last call's counts (`last`: forwards, accepted per forward, cache hit rate, ...)."""
 
     def __init__(self, cache: Any, *, budget: int, draft: str | Drafter, slots: int, seed: int | None,
                  draft_mode: str, min_prob: float, draft_length: str, tail_nodes: int,
-                 drafter_options: dict[str, Any] | None = None, tools: str | None = None, max_turns: int | None = None, max_tool_tokens: int | None = None,
+                 tree_options: dict[str, Any] | None = None, draft_stop: bool = True, tools: str | None = None,
+                 max_turns: int | None = None, max_tool_tokens: int | None = None,
                  tool_timeout: float | None = None, tool_workers: int | None = None):
         from srtcli.rollout.agent.setup import ToolOptions
 
@@ -104,8 +107,8 @@ class SrtRollout:
         self.cache_location = cache
         self.budget, self.draft, self.slots, self.seed = budget, draft, slots, seed
         self.draft_mode, self.min_prob, self.draft_length, self.tail_nodes = draft_mode, min_prob, draft_length, tail_nodes
-        self.drafter_options = drafter_options or {}
-        self.cache: Any = None
+        self.tree_options, self.draft_stop = tree_options or {}, draft_stop
+        self.session: Any = None
         self.drafter: Drafter | None = None
         self.calls = 0
         self.last: dict[str, float] = {}
@@ -134,8 +137,8 @@ class SrtRollout:
         finally:
             if hooks is not None:
                 hooks.close()
-        if self.cache is not None:
-            self.cache.tick()
+        if self.session is not None:
+            self.session.end_batch()
         self._record(engine, self.drafter, trainer)
         out = {"prompt_ids": [list(s.prompt_ids) for s in seqs],
                "completion_ids": [list(s.output) for s in seqs],
@@ -152,7 +155,8 @@ class SrtRollout:
         mode restored after), each group handed back to the drafter as it ends; the engine."""
         import torch
 
-        from srtcli.rollout.engine.engine import Engine
+        from srtcli.rollout.embedded import make_engine
+        from srtcli.rollout.groups import GroupCollector
         from srtcli.rollout.model_facts import context_length
         from srtcli.rollout.runahead import RunAhead, run_batches
 
@@ -163,55 +167,51 @@ class SrtRollout:
         max_len = min(ctx, max(len(s.prompt_ids) for s in seqs) + max_new + room + 1)
         seed = (self.seed if self.seed is not None else trainer.args.seed) + self.calls
         self.calls += 1
-        left = Counter(s.group for s in seqs)  # samples of each group still running
-
-        def on_finished(seq: Any) -> None:
-            if hooks is not None:
-                rewards[seq.meta["index"]] = hooks.finish(seq)
-            left[seq.group] -= 1
-            if left[seq.group] == 0:
-                drafter.group_done(seq.group)
-
+        groups = GroupCollector(Counter(s.group for s in seqs))
         was_training = model.training
         model.eval()
         try:
             with torch.no_grad():
-                engine = Engine(model, params, drafter, slots=max(1, min(self.slots, len(seqs))),
-                                budget=self.budget if self.draft != "none" else 0, max_len=max_len,
-                                eos_ids=set(trainer.eos_token_ids), seed=seed, draft_length=self.draft_length,
-                                tail_nodes=self.tail_nodes, stop_fn=hooks.stop if hooks else None,
-                                turn_end=hooks.turn_end if hooks else None)
-                run_batches(engine, [sample_major(seqs)], [[]], RunAhead(enabled=False), on_finished)
+                engine = make_engine(model, params, drafter, hooks, slots=max(1, min(self.slots, len(seqs))),
+                                     budget=self.budget if self.draft != "none" else 0, max_len=max_len,
+                                     eos_ids=set(trainer.eos_token_ids), seed=seed, draft_length=self.draft_length,
+                                     tail_nodes=self.tail_nodes)
+                for seq in run_batches(engine, [admission(seqs)], [[]], RunAhead(enabled=False)):
+                    if isinstance(seq, int):
+                        continue
+                    if hooks is not None:
+                        rewards[seq.meta["index"]] = hooks.finish(seq)
+                    if groups.add(seq) is not None:
+                        drafter.group_done(seq.group)
         finally:
             model.train(was_training)
         return engine
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
-        """Hand the drafter's trees to the cache and close it (a later call opens it again)."""
-        drafter, self.drafter = self.drafter, None
-        try:
-            if drafter is not None and not isinstance(self.draft, Drafter):
-                drafter.close()
-        finally:
-            cache, self.cache = self.cache, None
-            if cache is not None and cache is not self.cache_location:
-                cache.close()
+        """Store what the session still holds and close it (a later call opens it again); a
+        session passed in as `cache` is its owner's to close."""
+        self.drafter = None
+        session, self.session = self.session, None
+        if session is not None and session is not self.cache_location:
+            session.close()
 
     def _drafter(self, sampling: bool) -> Drafter:
         from srtcli.rollout.drafters import make_drafter
-        from srtcli.tree_cache import TreeCache
+        from srtcli.rollout.tree_session import TreeSession
 
         if isinstance(self.draft, Drafter):
             self.drafter = self.draft
         elif self.drafter is None:
             if self.draft == "srt":
-                if isinstance(self.cache_location, TreeCache):
-                    self.cache = self.cache_location
+                if isinstance(self.cache_location, TreeSession):
+                    self.session = self.cache_location
                 elif self.cache_location is not None:
-                    self.cache = TreeCache.open(self.cache_location)
-                self.drafter = make_drafter("srt", cache=self.cache, mode=self.draft_mode, min_prob=self.min_prob,
-                                            seed=self.seed or 0, record_probs=sampling, **self.drafter_options)
+                    self.session = TreeSession.open(self.cache_location, **self.tree_options)
+                else:
+                    self.session = TreeSession(**self.tree_options)
+                self.drafter = make_drafter("srt", session=self.session, mode=self.draft_mode, min_prob=self.min_prob,
+                                            seed=self.seed or 0, stop=self.draft_stop, record_probs=sampling)
             else:
                 self.drafter = make_drafter(self.draft)
         return self.drafter
@@ -317,16 +317,17 @@ def tokenize_prompts(trainer: Any, prompts: list, tools: list[dict] | None = Non
     return [by_key[k] for k in keys]
 
 
-def sample_major(seqs: list) -> list:
-    """The engine's admission order, as `srt rollout`'s default (`plan.admission_order`, "sample"):
-    the first sample of every prompt, then every second, ...: a prompt's later samples start
-    once rows free up and draft from what its earlier ones generated."""
-    rank: dict[str, int] = {}
-    keyed = []
-    for i, s in enumerate(seqs):
-        keyed.append((rank.get(s.group, 0), i, s))
-        rank[s.group] = rank.get(s.group, 0) + 1
-    return [s for _, _, s in sorted(keyed, key=lambda t: t[:2])]
+def admission(seqs: list) -> list:
+    """The engine's admission order, as `srt rollout`'s default (`plan.sample_major` over the
+    groups in the order they first appear): the first sample of every prompt, then every
+    second, ...: a prompt's later samples start once rows free up and draft from what its
+    earlier ones generated."""
+    from srtcli.rollout.plan import sample_major
+
+    groups: dict[str, list] = {}
+    for s in seqs:
+        groups.setdefault(s.group, []).append(s)
+    return sample_major(list(groups.values()))
 
 
 RolloutFunc = Callable[[list, Any], dict]

@@ -38,7 +38,7 @@ def test_each_epoch_deals_differently_and_the_same_every_time():
 
 @NO_SERVER
 def test_a_repeat_round_starts_from_a_copy_of_the_cache_before_the_last_epoch(tmp_path: Path):
-    from srtcli.tree_cache import open_sequence_store
+    from srtcli.store_link import open_sequence_store
 
     uid = "cd" * 16
     server = RedisServer(tmp_path / "redis").start()

@@ -70,8 +70,8 @@ def test_the_second_run_loads_every_prompt_from_what_the_first_committed(tmp_pat
 
     args = argparse.Namespace(tokens=64, fixed_budget=False, load_steps=0, rows=8, verify=False, steps=60)
     warm = warm_proposer(args, str(tmp_path), lambda: Workload(seed=2, k=4, tokens=64, prompts=40))
-    store = warm.trees.cache.store
+    store = warm.session.link.store
     assert len(store.uids()) >= 2 and all(store.read(u) for u in store.uids())
     batch = Batch(Workload(seed=2, k=4, tokens=64, prompts=40), 8)
     warm.propose(batch.catch_up(), batch.num, batch.ids)
-    assert warm.trees.hits == warm.trees.loaded > 0  # every prompt it met was in the cache
+    assert warm.session.trees.hits == warm.session.trees.loaded > 0  # every prompt it met was in the cache

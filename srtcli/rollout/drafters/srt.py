@@ -1,10 +1,12 @@
 """The `srt` drafter: one suffix tree per prompt, from the tree cache, fed on the fly.
 
-The prompt's tree is built from its stored rollouts when the first sample of its group takes a
-slot; every token any sample appends feeds it at once, and the sequences this run generated are
-handed to the tree cache when the group ends (`group_trees.GroupTrees`, shared with the vLLM
-proposer). Run-ahead sequences are ordinary sequences of a future group: their tokens reach
-that group's trees (and the store, as sequences of that prompt) and nothing else.
+The drafter calls only the run's tree session (`srtcli.rollout.tree_session.TreeSession`, whose
+owner opens, ends the batches of and closes it; the vLLM proposer uses the same one): the
+prompt's tree is built from its stored rollouts when the first sample of its group takes a slot
+(the group is held until it is done), every token any sample appends feeds it at once, and the
+sequences this run generated are stored with their group. Run-ahead sequences are ordinary
+sequences of a future group: their tokens reach that group's trees (and the store, as sequences
+of that prompt) and nothing else.
 
 Three exact ways to draft (see `srtcli.rollout.engine.verify`, `srtcli.rollout.engine.tree_verify`):
 - `mode="greedy"`: follow the most frequent child (`best_draft`); a point mass.
@@ -32,10 +34,9 @@ import random
 from operator import mul
 from typing import Any
 
-from cache_store.store import LOAD_TOKENS
 from cache_store.suffix_tree import best_draft, merged_draft, sample_draft
 from srtcli.rollout.drafters.base import Drafter, Proposal
-from srtcli.rollout.drafters.group_trees import GroupTrees
+from srtcli.rollout.tree_session import TreeSession
 
 MODES = ("greedy", "sample", "tree")
 
@@ -51,26 +52,30 @@ def concentration(dist: dict[int, float]) -> float:
 class SrtDrafter(Drafter):
     name = "srt"
 
-    def __init__(self, cache: Any = None, min_prob: float = 0.1, mode: str = "sample", seed: int = 0,
-                 commit_every: int = 8, shared: bool = True, stop: bool = True,
-                 record_probs: bool = True, load_tokens: int = LOAD_TOKENS):
+    def __init__(self, session: TreeSession | None = None, min_prob: float = 0.1, mode: str = "sample",
+                 seed: int = 0, stop: bool = True, record_probs: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}")
         self.min_prob, self.mode, self.stop = min_prob, mode, stop
         # the sequences' log-probs are the policy's (sampling), not greedy's 0.0: store them
         self.record_probs = record_probs
-        # the run-wide shared tree (every output of this run, all prompts mixed, not persisted)
-        # drafts where the prompt's own tree knows less: a cold prompt, text shared across prompts
-        self.trees = GroupTrees(cache, shared, commit_every, load_tokens=load_tokens)
+        # None: trees for this drafter's life only, with the run-wide shared tree (every output
+        # of the run, all prompts mixed, not persisted), which drafts where the prompt's own tree
+        # knows less: a cold prompt, text shared across prompts
+        self.session = session if session is not None else TreeSession()
+        self.groups: set[str] = set()  # the groups this drafter holds in the session
         self.rng = random.Random(seed)
 
     def begin(self, seq: Any) -> None:
-        g = self.trees.group(seq.group)
+        if seq.group not in self.groups:
+            self.groups.add(seq.group)
+            self.session.hold(seq.group)
+        g, streams = self.session.start_sequence(seq.group, seq.prompt_ids[-1])
         if not seq.runahead:  # the hit rate is over real groups only
-            self.trees.count(g)
+            self.session.count(g)
         # the sequence keeps its streams (and through them its trees: a run-ahead sequence may
         # outlive its group); they hold everything after the prompt, from the start on
-        seq.drafter_state = self.trees.streams(g, seq.prompt_ids[-1])
+        seq.drafter_state = streams
         self._feed(seq, seq.output)
 
     def propose(self, seq: Any, budget: int) -> Proposal:
@@ -109,17 +114,16 @@ class SrtDrafter(Drafter):
             s.extend(tokens, probs)
 
     def end(self, seq: Any) -> None:
+        self.session.stop_sequence(seq.drafter_state[0])
         seq.drafter_state = None
 
     def group_done(self, uid: str) -> None:
-        self.trees.retire(uid)
-        self.trees.flush_if_due()
-
-    def close(self) -> None:
-        """Hand what is still held to the cache (e.g. run-ahead sequences of prompts not reached)."""
-        self.trees.close()
+        if uid in self.groups:
+            self.groups.discard(uid)
+            self.session.release(uid)
+            self.session.commit_if_due()
 
     def stats(self) -> dict[str, float]:
-        t = self.trees
+        t = self.session.trees
         return {"cache_groups": t.loaded, "cache_hits": t.hits,
                 "cache_hit_rate": t.hits / t.loaded if t.loaded else 0.0}

@@ -38,15 +38,16 @@ import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from srtcli.errors import SrtError
 from srtcli.rollout.agent.setup import ToolOptions
 from srtcli.rollout.config import RolloutConfig
-from srtcli.rollout.driver import GroupWriter
+from srtcli.rollout.driver import BatchEnd, FinishedGroup
+from srtcli.rollout.groups import GroupCollector
 from srtcli.rollout.plan import Plan, admission_order, check_prompts_early
 from srtcli.rollout.steps import Sample, sample_of
-from srtcli.rollout.summary import Counts, Run, reward_mean
+from srtcli.rollout.summary import Counts, Run
 from srtcli.rollout.vllm.counters import add_counters, spec_metrics, vllm_counts
 from srtcli.rollout.vllm.proposer import speculative_config
 from srtcli.rollout.vllm.versions import require_supported
@@ -142,7 +143,11 @@ def check_fingerprint(worker: str, driver: str, model_dir: Path) -> None:
 
 class VllmBackend:
     """vLLM behind the driver (srtcli.rollout.driver `Backend`); pass `llm` (from `make_llm`)
-    to reuse an engine, else one is made for the run and shut down after it."""
+    to reuse an engine, else one is made for the run and shut down after it. Its proposer
+    drafts in vLLM's worker, from a tree session of its own there (`srt_reload` opens it,
+    `srt_finish` ends each batch)."""
+
+    drafts_here = False
 
     def __init__(self, llm: Any = None):
         self.llm, self.owned = llm, llm is None
@@ -187,8 +192,9 @@ class VllmBackend:
         room = self.agent.room(ToolOptions.of(c)) if self.agent else 64
         self.max_len = min(self.max_len, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + room)
 
-    def start(self, pl: Plan, cache: Any) -> None:
+    def start(self, pl: Plan, session: Any) -> None:
         from srtcli.rollout.vllm.settings import ProposerSettings, write_settings
+        from srtcli.store_link import cache_location, open_sequence_store
         from srtcli.tokenizers import tokenizer_fingerprint
 
         c = self.config
@@ -196,8 +202,10 @@ class VllmBackend:
         self.tmp = tempfile.TemporaryDirectory(prefix="srt-vllm-")
         path = Path(self.tmp.name) / "settings.json"
         # the worker opens the cache itself: its location as given (a URL with its password, in a
-        # file only this user reads, removed after the run)
-        location = str(cache.location) if cache is not None else None
+        # file only this user reads, removed after the run); a bad cache is one line here first
+        location = str(cache_location(c.cache_opt)) if c.uses_cache else None
+        if location is not None:
+            open_sequence_store(location, create=True).close()
         # with tools a trajectory's turns are requests the driver bounds (the proposer caps nothing)
         # and ends where a call may end: a trajectory's sequence stops there until its next turn
         cap, ends = c.max_new_tokens, None
@@ -213,9 +221,10 @@ class VllmBackend:
         if self.agent is not None:
             self.hooks = self.agent.hooks(self.tok, ToolOptions.of(c), {p.id: p.record for p in pl.prompts}, self.eos)
 
-    def generate(self, pl: Plan, groups: GroupWriter) -> None:
+    def generate(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
         if self.hooks is not None:
-            return self.generate_turns(pl, groups)
+            yield from self.generate_turns(pl)
+            return
         c, k = self.config, self.config.k
         for chunk in pl.chunks:
             # K requests of n=1 per prompt (vLLM refuses n > 1 for greedy requests), queued in
@@ -225,12 +234,12 @@ class VllmBackend:
                                         [sampling(c, i * k + s) for i, s in order], use_tqdm=False)
             outs = {pair: r.outputs[0] for pair, r in zip(order, results)}
             for i in chunk:
-                groups.group(i, [self.sample(pl.prompts[i], s, outs[i, s]) for s in range(k)])
+                yield FinishedGroup(i, [self.sample(pl.prompts[i], s, outs[i, s]) for s in range(k)])
             if self.drafting:
                 add_counters(self.srt, self.llm.collective_rpc("srt_finish")[0])
-            groups.batch_done()
+            yield BatchEnd()
 
-    def generate_turns(self, pl: Plan, groups: GroupWriter) -> None:
+    def generate_turns(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
         """With tools: each rollout batch's trajectories turn by turn (`turns.TurnLoop`), each
         group handed over, rewarded by its environment where it has one, as it completes."""
         from srtcli.rollout.engine.sequence import Sequence
@@ -241,25 +250,20 @@ class VllmBackend:
                                     lambda seq, n, stops, left: sampling(c, seq.meta["index"], n, stops, left),
                                     self.max_len, self.eos, slots=c.batch_size, greedy=c.temperature == 0)
         index = {pl.uids[i]: i for i in pl.todo}
-        finished: dict[str, list] = {}
-
-        def on_finished(seq: Any) -> None:
-            self.generated += seq.generated
-            group = finished.setdefault(seq.group, [])
-            group.append(seq)
-            if len(group) == k:
-                in_order = sorted(finished.pop(seq.group), key=lambda s: s.meta["sample"])
-                rewards = [self.hooks.finish(s) for s in in_order]
-                groups.group(index[seq.group], [sample_of(s, self.tok, r, {"engine": "vllm"})
-                                                for s, r in zip(in_order, rewards)])
-
+        groups = GroupCollector(k)
         for chunk in pl.chunks:
-            loop.run([Sequence(pl.prompts[i].ids, c.max_new_tokens, group=pl.uids[i],
-                               meta={"prompt_id": pl.prompts[i].id, "sample": s, "index": i * k + s})
-                      for i, s in admission_order(chunk, k, c.admission)], on_finished)
+            for seq in loop.run([Sequence(pl.prompts[i].ids, c.max_new_tokens, group=pl.uids[i],
+                                          meta={"prompt_id": pl.prompts[i].id, "sample": s, "index": i * k + s})
+                                 for i, s in admission_order(chunk, k, c.admission)]):
+                self.generated += seq.generated
+                group = groups.add(seq)
+                if group is not None:
+                    rewards = [self.hooks.finish(s) for s in group]
+                    yield FinishedGroup(index[seq.group], [sample_of(s, self.tok, r, {"engine": "vllm"})
+                                                           for s, r in zip(group, rewards)])
             if self.drafting:
                 add_counters(self.srt, self.llm.collective_rpc("srt_finish")[0])
-            groups.batch_done()
+            yield BatchEnd()
 
     def sample(self, prompt: Any, index: int, c: Any) -> Sample:
         """One vLLM completion as a sample: one model turn (no tools); greedy log-probs are 0."""
@@ -277,13 +281,13 @@ class VllmBackend:
         if self.tmp is not None:
             self.tmp.cleanup()
 
-    def report(self, run: Run) -> tuple[Counts, dict, dict]:
+    def report(self, run: Run) -> tuple[Counts, dict]:
         after = spec_metrics(self.llm)
         vm = {key: after[key] - self.before.get(key, 0) for key in after}
         counts, tail = vllm_counts(self.generated, self.srt, vm, self.config.budget)
         if self.loop is not None:  # with tools: vLLM's steps and the requests the turns took
             tail.update(vllm_steps=self.loop.steps, vllm_requests=self.loop.requests)
-        return counts, {}, {**tail, "reward_mean": reward_mean(run.rewards)}
+        return counts, tail
 
     def shutdown(self) -> None:
         if self.owned and self.llm is not None:

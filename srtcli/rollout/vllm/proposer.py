@@ -11,8 +11,8 @@ with `$SRT_CACHE` naming the cache (default `~/.cache/srt`, as for every srt com
 (0.22.0 to 0.33.x: `versions`) builds `SrtProposer(vllm_config)` inside its worker process and, after every step, calls
 `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings)`; the drafting is
 `tree_drafts.TreeDrafts`: a request's prompt is what its row held when first seen, rows with
-one prompt share one tree, loaded from the cache and committed back as sequences end
-(`commits`). The tokenizer's fingerprint, eos ids and draft defaults come from vLLM's config
+one prompt share one tree of its tree session, loaded from the cache and committed back as
+sequences end (`commits`). The tokenizer's fingerprint, eos ids and draft defaults come from vLLM's config
 (`worker_facts`), so prompt uids are the ones `srt rollout` and `srt cache add` write.
 What is waiting is appended when vLLM has been idle for a while (a thread here) and when the
 process exits normally (a multiprocessing finalizer; `vllm serve` lets its processes exit only
@@ -22,8 +22,9 @@ with `--shutdown-timeout` > 0, else it kills them: then what was committed stays
 the worker (`worker_extension_cls`), so no cache is opened at start-up; it calls
 `collective_rpc("srt_reload", path)` before a rollout (its `settings.ProposerSettings`: the cache, the length
 cap, draft options; `$SRT_VLLM_SETTINGS` names one at start-up instead), and `srt_finish` after
-each `generate`, which ends every sequence, appends and returns the counters. With tensor
-parallelism every rank drafts the same way but only rank 0 appends to the tree cache.
+each `generate`, which ends every sequence and the session's batch (append, then tick) and
+returns the counters. With tensor parallelism every rank drafts the same way but only rank 0
+writes to the cache.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from srtcli.rollout.vllm.commits import commit_settings, open_tree_cache
+from srtcli.rollout.vllm.commits import commit_settings, open_link
 from srtcli.rollout.vllm.settings import SETTINGS_ENV, ProposerSettings, read_settings
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from srtcli.rollout.vllm.versions import require_supported
@@ -69,21 +70,21 @@ class SrtProposer:
         if os.environ.get(SETTINGS_ENV):
             self.reload(os.environ[SETTINGS_ENV])
         elif not _driven(vllm_config):
-            from srtcli.tree_cache import cache_location
+            from srtcli.store_link import cache_location
 
             self.start(ProposerSettings(cache=str(cache_location(None))))
         _idle_commits(self, self.commit_seconds)
         multiprocessing.util.Finalize(self, self.close, exitpriority=10)
 
-    def _drafts(self, settings: ProposerSettings, cache: Any) -> TreeDrafts:
-        return TreeDrafts(completed(settings, self.facts), self.budget, self.max_model_len, cache,
+    def _drafts(self, settings: ProposerSettings, link: Any) -> TreeDrafts:
+        return TreeDrafts(completed(settings, self.facts), self.budget, self.max_model_len, link,
                           commit_every=self.commit_every, commit_seconds=self.commit_seconds,
                           max_num_seqs=self.max_num_seqs, request_ids=self.request_ids)
 
     def start(self, settings: ProposerSettings) -> None:
         """Draft with these settings from now on; what is pending is appended first."""
         self.close()
-        self.drafts = self._drafts(settings, open_tree_cache(settings.cache, writer=_is_rank0()))
+        self.drafts = self._drafts(settings, open_link(settings.cache, writer=_is_rank0()))
 
     def reload(self, path: str) -> str:
         """Start a rollout with the settings at `path`; the tokenizer fingerprint drafts run under."""
@@ -91,11 +92,9 @@ class SrtProposer:
         return str(self.drafts.settings.fingerprint)
 
     def close(self) -> None:
-        """End every sequence, append, close the cache."""
+        """End every sequence, append, close the session (drafting goes on without a store)."""
         self.drafts.finish()
-        if self.drafts.trees.cache is not None:
-            self.drafts.trees.cache.close()
-            self.drafts.trees.cache = None
+        self.drafts.session.close()
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         """The CPU runner calls this on drafters; a tree needs no model."""
@@ -152,5 +151,11 @@ class SrtWorkerExtension:
         return p.reload(path)
 
     def srt_finish(self) -> dict[str, int]:
+        """A rollout batch is over: every sequence ends, what they wrote is appended, the clock
+        advances; the batch's counters."""
         p = self._srt()
-        return p.drafts.finish() if p is not None else {}
+        if p is None:
+            return {}
+        counters = p.drafts.finish()
+        p.drafts.session.end_batch()
+        return counters

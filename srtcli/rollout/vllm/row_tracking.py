@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from cache_store.store import TREE_DEPTH
-from srtcli.rollout.drafters.group_trees import PromptTree
+from srtcli.rollout.drafters.prompt_trees import PromptTree
 
 # tokens before a row's known length that recognise it (with the length) next step: as many as a
 # draft reads, so only rows that end alike as far as a draft looks can be taken for each other

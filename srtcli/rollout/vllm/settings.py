@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cache_store.store import LOAD_TOKENS
-from srtcli.rollout.drafters.group_trees import LOAD_STEPS
+from srtcli.rollout.drafters.prompt_trees import LOAD_STEPS
 
 SETTINGS_ENV = "SRT_VLLM_SETTINGS"
 

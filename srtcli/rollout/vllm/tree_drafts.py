@@ -8,10 +8,11 @@ list of draft ids per row. Drafts carry no probabilities, so vLLM verifies them 
 
 Each row's sequence is recognised from step to step by its tokens (`row_tracking` says how;
 `_track` does it for a whole batch at once); rows with
-the same prompt (`prompt_uid` under the tokenizer's fingerprint) share one group tree
-(`commits.ResidentTrees`). A sequence is streamed into the trees up to and including eos or
-`max_new_tokens` and ends there, or when it has been out of the batch too long; then it is
-committed (batched).
+the same prompt (`prompt_uid` under the tokenizer's fingerprint) share one prompt tree of the
+proposer's tree session (`srtcli.rollout.tree_session.TreeSession`, the one every drafting path
+uses). A sequence is streamed into the trees up to and including eos or `max_new_tokens` and
+ends there, or when it has been out of the batch too long; then the session stores it (batched,
+by the session's commit rule, checked after every step).
 
 A step's per-row work is two compiled calls over all rows (`suffix_tree.feed_many`, then
 `draft_many`), the bookkeeping between them (the adaptive draft length, rooms, ends) on arrays.
@@ -36,8 +37,8 @@ import numpy as np
 from cache_store.uid import prompt_uid
 from cache_store.suffix_tree import draft_many, feed_many
 from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_lengths
-from srtcli.rollout.drafters.group_trees import GroupTrees
-from srtcli.rollout.vllm.commits import COMMIT_EVERY, COMMIT_SECONDS, IDLE_GROUPS, ResidentTrees, StepClock
+from srtcli.rollout.tree_session import COMMIT_EVERY, COMMIT_SECONDS, TreeSession
+from srtcli.rollout.vllm.commits import IDLE_GROUPS, StepClock
 from srtcli.rollout.vllm.counters import Counters
 from srtcli.rollout.vllm.row_tracking import PARK_STEPS, TAIL, TrackedSeq, gather_tails, grown, parse_turn_request
 from srtcli.rollout.vllm.settings import ProposerSettings
@@ -78,13 +79,14 @@ class _Rows:
 
 
 class TreeDrafts:
-    """The proposer's state: its settings, the tracked rows, the trees and their commits.
+    """The proposer's state: its settings, the tracked rows, and its tree session over `link`
+    (a `StoreLink`, or None: trees without a store).
     `settings.fingerprint` must be set (`worker_facts.completed`). Thread-safe: vLLM's step and the
     proposer's idle-commit thread both come through the lock. With `max_num_seqs` (vLLM's), a
     step of at most a quarter of that many rows is the long tail: every row drafts the whole
     budget whatever its adaptive length (`in_the_tail`)."""
 
-    def __init__(self, settings: ProposerSettings, budget: int, max_model_len: int, cache: Any = None,
+    def __init__(self, settings: ProposerSettings, budget: int, max_model_len: int, link: Any = None,
                  commit_every: int = COMMIT_EVERY, commit_seconds: float = COMMIT_SECONDS,
                  idle_groups: int = IDLE_GROUPS, max_num_seqs: int | None = None,
                  request_ids: Callable[[], Sequence[str]] | None = None):
@@ -95,9 +97,9 @@ class TreeDrafts:
         self.cap = settings.max_new_tokens if settings.max_new_tokens is not None else max_model_len
         self.eos_ids = np.array(sorted(set(settings.eos_ids or ())), dtype=np.int64)
         self.threads = settings.threads or feed_threads()
-        self.trees = GroupTrees(cache, settings.shared, load_tokens=settings.load_tokens,
-                                load_steps=settings.load_steps)
-        self.groups = ResidentTrees(self.trees, commit_every, commit_seconds, idle_groups)
+        self.session = TreeSession(link, shared=settings.shared, load_tokens=settings.load_tokens,
+                                   load_steps=settings.load_steps, idle_groups=idle_groups,
+                                   commit_every=commit_every, commit_seconds=commit_seconds)
         self.rows: dict[int, TrackedSeq] = {}
         self.request_ids = request_ids  # the batch's request ids in row order (a driver's turns), or None
         self.row_names: list[str] | None = None  # this step's request ids in row order (with `request_ids`)
@@ -112,8 +114,8 @@ class TreeDrafts:
     def _new_seq(self, row: np.ndarray, plen: int) -> TrackedSeq:
         prompt = row[:plen].tolist()
         uid = prompt_uid(prompt, self.settings.fingerprint)
-        g = self.groups.open(uid)
-        streams = self.trees.streams(g, prompt[-1])
+        g, streams = self.session.start_sequence(uid, prompt[-1])
+        self.session.count(g)
         return TrackedSeq(uid, plen, plen, streams, tuple(st.core for st in streams), g)
 
     @staticmethod
@@ -239,7 +241,7 @@ class TreeDrafts:
         """Feed every row's new tokens to its trees; one list of draft ids per row."""
         with self.lock:
             self.clock.tick()
-            self.trees.adopt()  # the prompt trees built off the step that are due now
+            self.session.step()  # the prompt trees built off the step that are due now
             self.step += 1
             self.c.steps += 1
             sampled = np.fromiter(map(len, sampled_token_ids), np.int64, len(sampled_token_ids))
@@ -250,7 +252,7 @@ class TreeDrafts:
             out: list[list[int]] = [[] for _ in range(len(sampled_token_ids))]
             self._remember(*self._step(out, sampled, num, token_ids_cpu, src), token_ids_cpu)
             self._expire()
-            if self.groups.due():
+            if self.session.due():
                 self.flush()
             self.clock.tick()
             return out
@@ -333,12 +335,12 @@ class TreeDrafts:
     def _end(self, s: TrackedSeq) -> None:
         if not s.ended:
             s.ended = True
-            self.groups.close(s.uid, s.group, s.streams[0])
+            self.session.stop_sequence(s.streams[0])
 
     def flush(self) -> None:
         """Append the ended sequences in one transaction (the writer rank only)."""
         with self.lock:
-            if self.groups.flush():
+            if self.session.commit():
                 self.c.commits += 1
 
     def commit_if_idle(self, seconds: float | None = None) -> None:
@@ -348,8 +350,8 @@ class TreeDrafts:
         step again, or comes back after vLLM skipped it, drafts on as the same sequence (never a
         second copy of its tokens); only its stored copy stops here."""
         with self.lock:
-            idle = self.clock.idle(self.groups.commit_seconds if seconds is None else seconds)
-            if idle and (self.rows or self.away or self.groups.waiting):
+            idle = self.clock.idle(self.session.commit_seconds if seconds is None else seconds)
+            if idle and (self.rows or self.away or self.session.waiting):
                 live = [s for s in self.rows.values() if s.trajectory is None]  # trajectories may wait for a tool
                 for s in live + list(self.away.values()):
                     s.early = s.early or not (s.ended or s.done)
@@ -370,8 +372,9 @@ class TreeDrafts:
             self._end_all(self.trajectories)
             self._forget()
             self.flush()
-            self.c.groups, self.c.hits = self.trees.loaded, self.trees.hits
-            self.trees.loaded = self.trees.hits = 0
+            trees = self.session.trees
+            self.c.groups, self.c.hits = trees.loaded, trees.hits
+            trees.loaded = trees.hits = 0
             out = dict(self.c.__dict__)
             self.c = Counters()
             return out

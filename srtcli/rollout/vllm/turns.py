@@ -21,7 +21,7 @@ from its prompt's tree.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from srtcli.rollout.agent.hooks import AgentHooks
@@ -44,15 +44,16 @@ class TurnLoop:
         self.requests = 0  # requests sent (turns, and turns continued)
         self.steps = 0  # vLLM engine steps (one forward each) while this loop had requests in vLLM
 
-    def run(self, seqs: list[Sequence], on_finished: Callable[[Sequence], None]) -> None:
-        """Every trajectory of `seqs` (in the order they start) to its end; `on_finished` for each."""
+    def run(self, seqs: list[Sequence]) -> Iterator[Sequence]:
+        """Every trajectory of `seqs` (in the order they start) to its end; yields each as it finishes."""
         queue: deque[Sequence] = deque(seqs)
         running: dict[str, Sequence] = {}
         waiting: list[Sequence] = []
         while queue or running or waiting:
+            finished: list[Sequence] = []
             for seq in self._back_from_tools(waiting):
                 if seq.finish_reason is not None:
-                    on_finished(seq)
+                    finished.append(seq)
                 else:
                     queue.appendleft(seq)
             while queue and len(running) < self.slots:
@@ -62,9 +63,10 @@ class TurnLoop:
                 self.steps += 1
                 for out in self.engine.step():
                     if out.finished:
-                        self._turn_done(running.pop(out.request_id), out.outputs[0], queue, waiting, on_finished)
+                        self._turn_done(running.pop(out.request_id), out.outputs[0], queue, waiting, finished)
             elif waiting:
                 waiting[0].pending.wait(WAIT_S)
+            yield from finished
 
     def _submit(self, seq: Sequence) -> str:
         """Send the trajectory's next turn (or the rest of its turn): all its tokens as the prompt."""
@@ -77,7 +79,7 @@ class TurnLoop:
         return rid
 
     def _turn_done(self, seq: Sequence, completion: Any, queue: deque, waiting: list,
-                   on_finished: Callable[[Sequence], None]) -> None:
+                   finished: list[Sequence]) -> None:
         """vLLM stopped a turn: keep its tokens by the stop rules, then end the turn (tools) or go on."""
         emitted = list(completion.token_ids)
         lps = [0.0] * len(emitted) if self.greedy else \
@@ -88,7 +90,7 @@ class TurnLoop:
             reason = end_turn(seq, reason, self.hooks.turn_end, self.max_len, None)
             if reason is not None:
                 seq.finish_reason = reason
-                on_finished(seq)
+                finished.append(seq)
                 return
         if seq.pending is not None:
             waiting.append(seq)

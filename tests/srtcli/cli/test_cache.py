@@ -486,13 +486,14 @@ def test_drafting_skips_a_corrupt_record_and_goes_on(filled):
     tree (with a warning), the others still draft, nothing crashes."""
     from cache_store.errors import CorruptSequenceWarning
     from srtcli.rollout.drafters.srt import SrtDrafter
-    from srtcli.tree_cache import TreeCache
     from srtcli.rollout.engine.sequence import Sequence
+    from srtcli.rollout.tree_session import TreeSession
+    from srtcli.store_link import StoreLink
 
     bad, good = uid(3), uid(4)
     flip_a_byte(filled, bad, offset=40)
     with LmdbSequenceStore.open(filled, create=False) as s:
-        d = SrtDrafter(TreeCache(s))
+        d = SrtDrafter(TreeSession(StoreLink(s)))
         seqs = [Sequence([p], 8, group=u) for u, p in ((bad, 3), (good, 4))]
         with pytest.warns(CorruptSequenceWarning, match=bad):
             d.begin(seqs[0])

@@ -5,7 +5,7 @@ the way the drafting rules define it, instead of read off the sequence's own str
 from __future__ import annotations
 
 from cache_store.store import TREE_DEPTH
-from srtcli.rollout.drafters.group_trees import SHARED_DEPTH
+from srtcli.rollout.drafters.prompt_trees import SHARED_DEPTH
 from tests.cache_store.reference_tree import expected_length
 
 

@@ -10,7 +10,8 @@ import random
 from cache_store.seqstore import LmdbSequenceStore
 
 from cache_store.store import load_tree
-from srtcli.tree_cache import TreeCache
+from srtcli.rollout.tree_session import TreeSession
+from srtcli.store_link import StoreLink
 from srtcli.rollout.drafters import make_drafter
 from srtcli.rollout.drafters.ngram import NgramDrafter
 from srtcli.rollout.drafters.srt import SrtDrafter
@@ -78,7 +79,7 @@ def test_suffix_uses_the_global_tree_across_prompts_and_caps_by_match_length():
 
 
 def test_srt_shares_tokens_within_a_group_at_once_and_not_across_groups():
-    d = SrtDrafter(shared=False)  # the prompts' own trees alone
+    d = SrtDrafter(TreeSession(shared=False))  # the prompts' own trees alone
     a, b, other = seq([1, 2], group="g"), seq([1, 2], group="g"), seq([1, 2], group="h")
     for s in (a, b, other):
         d.begin(s)
@@ -95,8 +96,8 @@ def test_srt_shares_tokens_within_a_group_at_once_and_not_across_groups():
 def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
     store = LmdbSequenceStore.open(tmp_path / "cache")
     g, h = "a" * 32, "b" * 32
-    cache = TreeCache(store)  # the rollout's driver owns it: appends happen when it flushes
-    d = SrtDrafter(cache=cache)
+    session = TreeSession(StoreLink(store))  # the rollout's driver owns it: it appends and closes
+    d = SrtDrafter(session)
     a = seq([1, 2], group=g)
     d.begin(a)
     d.extend(a, [7, 8, 9, 10])
@@ -112,8 +113,7 @@ def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
     for s in (a, other, again):
         d.end(s)
     d.group_done(g), d.group_done(h)
-    d.close()
-    cache.flush()
+    session.commit()
     # the run-wide tree is never persisted: h's stored sequences are only h's own, anchor first
     assert [list(s.tokens) for s in store.read(h)] == [[2, 7, 5, 5], [2, 7]]
     assert load_tree(store, h).count([7, 5, 5]) == 1 and load_tree(store, h).count([8]) == 0
@@ -121,21 +121,21 @@ def test_srt_drafts_from_the_run_wide_tree_only_when_it_predicts_more(tmp_path):
 
 
 def test_the_run_wide_tree_stays_bounded_and_starts_again_from_its_newest_sequences(monkeypatch):
-    import srtcli.rollout.drafters.group_trees as group_trees
+    import srtcli.rollout.drafters.prompt_trees as prompt_trees
 
-    monkeypatch.setattr(group_trees, "SHARED_MAX_TOKENS", 500)
-    monkeypatch.setattr(group_trees, "SHARED_KEEP", 100)
+    monkeypatch.setattr(prompt_trees, "SHARED_MAX_TOKENS", 500)
+    monkeypatch.setattr(prompt_trees, "SHARED_KEEP", 100)
     d = SrtDrafter()
     streamed, renewals = [], 0
     for i in range(40):
-        s, before = seq([1, 2], group=str(i)), d.trees.shared
+        s, before = seq([1, 2], group=str(i)), d.session.trees.shared
         d.begin(s)
         out = [(i * 7 + k * 13) % 200 + 3 for k in range(30)]
         d.extend(s, out)
         streamed.append([2] + out)  # anchor first
         d.end(s)
         d.group_done(str(i))
-        shared = d.trees.shared
+        shared = d.session.trees.shared
         assert shared.stats().tokens <= 500 + 31  # at most one group's growth past the bound
         if shared is not before:  # renewed: the newest sequences that fit in SHARED_KEEP tokens
             renewals += 1
@@ -147,18 +147,18 @@ def test_the_run_wide_tree_stays_bounded_and_starts_again_from_its_newest_sequen
 
 def test_the_run_wide_tree_is_renewed_before_it_holds_too_many_sequences(monkeypatch):
     """Short outputs fill a suffix tree's sequence table (524,287) long before its token bound."""
-    import srtcli.rollout.drafters.group_trees as group_trees
+    import srtcli.rollout.drafters.prompt_trees as prompt_trees
 
-    monkeypatch.setattr(group_trees, "SHARED_MAX_SEQUENCES", 40)
+    monkeypatch.setattr(prompt_trees, "SHARED_MAX_SEQUENCES", 40)
     d, streamed, renewals = SrtDrafter(), [], 0
     for i in range(100):
-        s, before = seq([1, 2], group=str(i)), d.trees.shared
+        s, before = seq([1, 2], group=str(i)), d.session.trees.shared
         d.begin(s)
         d.extend(s, [3 + i % 7])
         streamed.append([2, 3 + i % 7])  # anchor first
         d.end(s)
         d.group_done(str(i))
-        shared = d.trees.shared
+        shared = d.session.trees.shared
         assert shared.stats().sequences <= 41
         if shared is not before:  # renewed: the newest quarter of the bound
             renewals += 1
@@ -189,8 +189,8 @@ def test_srt_appends_only_the_sequences_the_run_added(tmp_path):
     u, v = "c" * 32, "d" * 32
     store = LmdbSequenceStore.open(tmp_path / "cache")
     store.append(u, [[2, 5, 6]])
-    cache = TreeCache(store)  # the rollout's driver owns it: appends happen when it flushes
-    d = SrtDrafter(cache=cache)
+    session = TreeSession(StoreLink(store))  # the rollout's driver owns it: it appends and closes
+    d = SrtDrafter(session)
     s = seq([1, 2], group=u)
     d.begin(s)
     assert d.propose(s, 4).tokens == [5, 6]  # loaded from the store
@@ -198,7 +198,7 @@ def test_srt_appends_only_the_sequences_the_run_added(tmp_path):
     d.end(s)
     d.group_done(u)
     assert len(store.read(u)) == 1  # appends are batched ...
-    cache.flush()  # ... until the rollout batch ends (the driver ticks the cache)
+    session.commit()  # ... until the commit rule says so, or the rollout batch ends
     # the run's sequence (anchor first) is appended once; the loaded one is not written back
     assert [list(x.tokens) for x in store.read(u)] == [[2, 5, 6], [2, 5, 6]]
     assert load_tree(store, u).count([5, 6]) == 2
@@ -208,24 +208,26 @@ def test_srt_appends_only_the_sequences_the_run_added(tmp_path):
     d.begin(r)
     d.extend(r, [8, 9])
     d.end(r)
-    d.close()
-    cache.flush()
-    assert [list(x.tokens) for x in store.read(v)] == [[4, 8, 9]]
     assert d.stats()["cache_groups"] == 1  # run-ahead loads do not count in the hit rate
-    store.close()
+    session.close()
+    with LmdbSequenceStore.open(tmp_path / "cache") as store:
+        assert [list(x.tokens) for x in store.read(v)] == [[4, 8, 9]]
 
 
-def test_tokens_streamed_after_a_group_retired_still_reach_the_store(tmp_path):
+def test_a_sequence_still_running_when_its_group_is_done_is_stored_whole_with_it(tmp_path):
     u = "e" * 32
     store = LmdbSequenceStore.open(tmp_path / "cache")
-    cache = TreeCache(store)  # the rollout's driver owns it: appends happen when it flushes
-    d = SrtDrafter(cache=cache)
+    session = TreeSession(StoreLink(store))  # the rollout's driver owns it: it appends and closes
+    d = SrtDrafter(session)
     s = seq([1, 2], group=u)
     d.begin(s)
     d.extend(s, [5])
     d.group_done(u)  # e.g. a run-ahead sequence still running for a prompt whose group ended
     d.extend(s, [6, 7])
-    cache.flush()
+    session.commit()
+    assert store.read(u) == []  # the group waits for its last sequence
+    d.end(s)
+    session.commit()
     assert [list(x.tokens) for x in store.read(u)] == [[2, 5, 6, 7]]
     store.close()
 
@@ -233,18 +235,17 @@ def test_tokens_streamed_after_a_group_retired_still_reach_the_store(tmp_path):
 def test_a_prompt_retired_twice_before_an_append_keeps_both_groups(tmp_path):
     u = "f" * 32
     store = LmdbSequenceStore.open(tmp_path / "cache")
-    cache = TreeCache(store)  # the rollout's driver owns it: appends happen when it flushes
-    d = SrtDrafter(cache=cache)
+    session = TreeSession(StoreLink(store))  # the rollout's driver owns it: it appends and closes
+    d = SrtDrafter(session)
     for toks in ([5, 6], [7, 8]):
         s = seq([1, 2], group=u, runahead=True)
         d.begin(s)
         d.extend(s, toks)
         d.end(s)
         d.group_done(u)
-    d.close()
-    cache.flush()
-    assert sorted(list(x.tokens) for x in store.read(u)) == [[2, 5, 6], [2, 7, 8]]
-    store.close()
+    session.close()
+    with LmdbSequenceStore.open(tmp_path / "cache") as store:
+        assert sorted(list(x.tokens) for x in store.read(u)) == [[2, 5, 6], [2, 7, 8]]
 
 
 def test_srt_drafts_from_the_last_64_tokens_after_the_prompts_last_token():
@@ -271,5 +272,5 @@ def test_srt_drafts_from_the_last_64_tokens_after_the_prompts_last_token():
         s.tokens += out
         d.extend(s, out)
         want_ctx = ([prompt[-1]] + out)[-TREE_DEPTH:]
-        want = context_draft(d.trees.group("g").tree, d.trees.shared, want_ctx, 6, d.min_prob)
+        want = context_draft(d.session.trees.group("g").tree, d.session.trees.shared, want_ctx, 6, d.min_prob)
         assert d.propose(s, 6).tokens == want, out_len

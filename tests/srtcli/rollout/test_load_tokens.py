@@ -12,7 +12,8 @@ from cache_store.seqstore import LmdbSequenceStore
 
 from cache_store.store import LOAD_TOKENS
 from cache_store.uid import prompt_uid
-from srtcli.tree_cache import TreeCache
+from srtcli.rollout.tree_session import TreeSession
+from srtcli.store_link import StoreLink
 from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.drafters.srt import SrtDrafter
 from srtcli.rollout.vllm.settings import ProposerSettings, read_settings, write_settings
@@ -33,9 +34,9 @@ def store_with_rollouts(tmp_path: Path) -> LmdbSequenceStore:
 def test_the_embedded_drafter_loads_the_newest_rollouts_that_fit(tmp_path):
     store = store_with_rollouts(tmp_path)
     for bound, kept in ((9, [STORED[1], STORED[2]]), (8, [STORED[2]]), (10**6, STORED)):
-        tree = SrtDrafter(TreeCache(store), load_tokens=bound).trees.group(UID).tree
+        tree = SrtDrafter(TreeSession(StoreLink(store), load_tokens=bound)).session.trees.group(UID).tree
         assert [list(tree.sequence(i)) for i in range(tree.sequences)] == kept
-    assert SrtDrafter(TreeCache(store)).trees.load_tokens == LOAD_TOKENS == RolloutConfig("p").load_tokens
+    assert TreeSession(StoreLink(store)).trees.load_tokens == LOAD_TOKENS == RolloutConfig("p").load_tokens
     store.close()
 
 
@@ -45,11 +46,11 @@ def test_the_vllm_proposer_loads_what_its_table_allows(tmp_path):
                                            load_steps=1))
     settings = read_settings(tmp_path / "t.json")
     assert settings.load_tokens == 9 and ProposerSettings().load_tokens == LOAD_TOKENS and settings.load_steps == 1
-    drafts = TreeDrafts(settings, 4, 100, cache=TreeCache(store))
+    drafts = TreeDrafts(settings, 4, 100, link=StoreLink(store))
     row = np.zeros((1, 100), dtype=np.int32)
     row[0, :4] = PROMPT + [4]
     drafts.propose([[4]], np.array([4], dtype=np.int32), row)
-    tree = drafts.trees.groups[UID].tree
+    tree = drafts.session.trees.groups[UID].tree
     assert [list(tree.sequence(i)) for i in range(2)] == [STORED[1], STORED[2]]  # then its own stream
     assert tree.sequences == 3 and list(tree.sequence(2)) == [9, 4]
     store.close()

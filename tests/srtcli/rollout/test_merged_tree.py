@@ -12,7 +12,7 @@ def test_a_token_only_the_run_wide_tree_knows_is_verified_too():
     drafter = SrtDrafter()
     seq = Sequence([9, 1], max_new_tokens=32, group="g")
     drafter.begin(seq)
-    own, shared = drafter.trees.groups["g"].tree, drafter.trees.shared
+    own, shared = drafter.session.trees.groups["g"].tree, drafter.session.trees.shared
     own.add([1, 2, 3, 4], 4.0)  # the prompt's own rollouts: 1 -> 2 -> 3 -> 4
     shared.add([1, 7], 1.0)  # another prompt's: 1 -> 7
     prop = drafter.propose_tree(seq, 4)

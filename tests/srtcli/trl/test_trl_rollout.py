@@ -163,7 +163,7 @@ def test_a_training_step_runs_and_a_second_call_drafts_from_the_first_calls_tree
     trainer = trainer_for(model, tok, tmp_path, spy, prompts=[chat(q) for q in QUESTIONS], temperature=1.0)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
-    assert rollout.cache is None  # closed when training ended
+    assert rollout.session is None  # closed when training ended
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))  # a real step
     (prompts, out, first), = seen
     k = trainer.args.num_generations
@@ -185,10 +185,10 @@ def test_a_training_step_runs_and_a_second_call_drafts_from_the_first_calls_tree
 
 def test_admission_is_sample_major():
     from srtcli.rollout.engine.sequence import Sequence
-    from srtcli.trl.rollout import sample_major
+    from srtcli.trl.rollout import admission
 
     seqs = [Sequence([1], 1, group=g, meta={"i": i}) for i, g in enumerate("aabbbc")]
-    assert [s.meta["i"] for s in sample_major(seqs)] == [0, 2, 5, 1, 3, 4]
+    assert [s.meta["i"] for s in admission(seqs)] == [0, 2, 5, 1, 3, 4]
 
 
 def test_the_srt_drafter_gets_srt_rollouts_options_and_defaults(tmp_path):
@@ -199,11 +199,11 @@ def test_the_srt_drafter_gets_srt_rollouts_options_and_defaults(tmp_path):
 
     defaults = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}
     built = srt_rollout_func(cache=None)._drafter(sampling=True)
-    assert (built.trees.shared is not None, built.stop, built.trees.load_tokens) == \
+    assert (built.session.trees.shared is not None, built.stop, built.session.trees.load_tokens) == \
         (defaults["shared_tree"], defaults["draft_stop"], defaults["load_tokens"])
     assert (built.mode, built.min_prob) == (defaults["draft_mode"], defaults["min_prob"])
     other = srt_rollout_func(cache=None, shared_tree=False, draft_stop=False, load_tokens=1000)._drafter(True)
-    assert (other.trees.shared, other.stop, other.trees.load_tokens) == (None, False, 1000)
+    assert (other.session.trees.shared, other.stop, other.session.trees.load_tokens) == (None, False, 1000)
 
 
 def test_tools_run_between_turns_and_their_output_is_masked(tmp_path):

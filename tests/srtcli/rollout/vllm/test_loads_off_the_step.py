@@ -1,5 +1,5 @@
 """Loads off the step: a prompt's stored tree builds in a thread while its group streams into an
-empty tree, and `load_steps` steps later the group moves onto it (`GroupTrees.adopt`). From then
+empty tree, and `load_steps` steps later the group moves onto it (`PromptTrees.adopt`). From then
 on the proposer must draft exactly what one that loads inside the step drafts, and both must
 store the same sequences; only a group's first `load_steps` steps may draft differently. Loads
 within a step's `inline_tokens` are built in the step (these stores are small: the tests set it
@@ -16,7 +16,7 @@ import numpy as np
 
 from cache_store.seqstore import LmdbSequenceStore
 from cache_store.suffix_tree import SuffixStream, SuffixTree
-from srtcli.tree_cache import TreeCache
+from srtcli.store_link import StoreLink
 from srtcli.rollout.vllm.settings import ProposerSettings
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from tests.srtcli.rollout.vllm.test_vllm_proposer import EOS, FP, MAX_NEW, PROMPTS, UID_A, _outputs, simulate, stored
@@ -31,7 +31,7 @@ class Recording(TreeDrafts):
 
     def propose(self, sampled, num, ids):
         out = super().propose(sampled, num, ids)
-        self.first.append({i for i, s in self.rows.items() if any(s.group is g for g in self.trees.loading)})
+        self.first.append({i for i, s in self.rows.items() if any(s.group is g for g in self.session.trees.loading)})
         return out
 
 
@@ -77,18 +77,18 @@ def disagreement(tmp_path, seed: int, adopt=None, inline_tokens: int = 0, move=N
     first, second = _outputs(rng), _outputs(rng) + [(UID_A, [EOS])]  # one that ends in its first step
     with LmdbSequenceStore.open(tmp_path / "off") as off, LmdbSequenceStore.open(tmp_path / "in") as inside:
         for store in (off, inside):
-            simulate(TreeDrafts(_settings(load_steps=0), 4, 64, cache=TreeCache(store)), first, 4, random.Random(seed))
-        lazy = Recording(_settings(), 4, 64, cache=TreeCache(off))
-        lazy.first, lazy.trees.inline_tokens = [], inline_tokens
+            simulate(TreeDrafts(_settings(load_steps=0), 4, 64, link=StoreLink(store)), first, 4, random.Random(seed))
+        lazy = Recording(_settings(), 4, 64, link=StoreLink(off))
+        lazy.first, lazy.session.trees.inline_tokens = [], inline_tokens
         if adopt:
-            lazy.trees.adopt = types.MethodType(adopt, lazy.trees)
+            lazy.session.trees.adopt = types.MethodType(adopt, lazy.session.trees)
         if move:
-            lazy.trees._move = types.MethodType(move, lazy.trees)
+            lazy.session.trees._move = types.MethodType(move, lazy.session.trees)
         try:
             got, counts = simulate(lazy, second, 4, random.Random(seed + 1))
         except IndexError as e:
             return f"crashed: {e}"
-        want, want_counts = simulate(TreeDrafts(_settings(load_steps=0), 4, 64, cache=TreeCache(inside)), second, 4,
+        want, want_counts = simulate(TreeDrafts(_settings(load_steps=0), 4, 64, link=StoreLink(inside)), second, 4,
                                      random.Random(seed + 1))
         if stored(off) != stored(inside):
             return "stored sequences differ"
@@ -119,7 +119,7 @@ def test_a_group_left_on_its_empty_tree_is_caught(tmp_path):
 
 def test_a_build_that_fails_is_logged_and_the_group_drafts_on(tmp_path, monkeypatch, caplog):
     with LmdbSequenceStore.open(tmp_path / "c") as store:
-        simulate(TreeDrafts(_settings(load_steps=0), 4, 64, cache=TreeCache(store)), _outputs(random.Random(0)), 4,
+        simulate(TreeDrafts(_settings(load_steps=0), 4, 64, link=StoreLink(store)), _outputs(random.Random(0)), 4,
                  random.Random(0))
         before = stored(store)
 
@@ -127,8 +127,8 @@ def test_a_build_that_fails_is_logged_and_the_group_drafts_on(tmp_path, monkeypa
             raise MemoryError("no room for the tree")
 
         monkeypatch.setattr(SuffixTree, "from_sequences", classmethod(broken))
-        d = TreeDrafts(_settings(load_steps=1), 4, 64, cache=TreeCache(store))
-        d.trees.inline_tokens = 0
+        d = TreeDrafts(_settings(load_steps=1), 4, 64, link=StoreLink(store))
+        d.session.trees.inline_tokens = 0
         ids = np.zeros((1, 64), dtype=np.int64)
         p = PROMPTS[UID_A]
         ids[0, : len(p) + 2] = p + [30, EOS]

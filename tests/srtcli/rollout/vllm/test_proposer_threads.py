@@ -7,7 +7,7 @@ import os
 import random
 
 from cache_store.seqstore import LmdbSequenceStore
-from srtcli.tree_cache import TreeCache
+from srtcli.store_link import StoreLink
 from srtcli.rollout.vllm import tree_drafts
 from srtcli.rollout.vllm.settings import ProposerSettings
 from srtcli.rollout.vllm.tree_drafts import FEED_THREADS, TreeDrafts, feed_threads
@@ -27,7 +27,7 @@ def test_threads_draft_and_store_what_one_thread_does(tmp_path, monkeypatch):
             with LmdbSequenceStore.open(tmp_path / f"{seed}-{threads}") as store:
                 settings = ProposerSettings(None, MAX_NEW, [EOS], adaptive=True, fingerprint=FP, threads=threads)
                 for epoch in range(2):  # the second drafts from the first's stored trees too
-                    got = simulate(TreeDrafts(settings, 4, 64, cache=TreeCache(store)), _outputs(random.Random(seed + epoch)), 5,
+                    got = simulate(TreeDrafts(settings, 4, 64, link=StoreLink(store)), _outputs(random.Random(seed + epoch)), 5,
                                    random.Random(seed))
                 runs.append((got, stored(store)))
         assert runs[0] == runs[1]

@@ -14,7 +14,7 @@ import pytest
 
 from cache_store.seqstore import LmdbSequenceStore
 from cache_store.uid import prompt_uid
-from srtcli.tree_cache import TreeCache
+from srtcli.store_link import StoreLink
 from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_length
 from cache_store.store import TREE_DEPTH
 from srtcli.rollout.vllm.settings import ProposerSettings
@@ -110,7 +110,7 @@ class WholeRowTracking(TreeDrafts):
         if room <= 0:
             return []
         ctx = [int(row[s.plen - 1])] + row[s.plen:n][-(TREE_DEPTH - 1):].tolist()
-        toks = context_draft(s.group.tree, self.trees.shared, ctx, room, self.settings.min_prob)
+        toks = context_draft(s.group.tree, self.session.trees.shared, ctx, room, self.settings.min_prob)
         if toks:
             self.c.drafted_rows += 1
             self.c.drafted_tokens += len(toks)
@@ -219,7 +219,7 @@ def test_incremental_tracking_drafts_and_stores_what_whole_row_tracking_does(tmp
     for name, cls, out in (("new", TreeDrafts, got), ("ref", WholeRowTracking, want)):
         settings.cache = str(tmp_path / name)
         with LmdbSequenceStore.open(tmp_path / name) as store:
-            d = cls(settings, 4, WIDTH + len(lead) - 8, cache=TreeCache(store), commit_every=2, max_num_seqs=5)
+            d = cls(settings, 4, WIDTH + len(lead) - 8, link=StoreLink(store), commit_every=2, max_num_seqs=5)
             out["drafts"], out["counts"] = drive(d, seed, 5, lead)
             out["stored"] = stored(store)
     assert got["drafts"] == want["drafts"]
@@ -266,7 +266,7 @@ def test_identical_samples_that_trade_rows_are_each_still_themselves():
     a, b = d.rows[0], d.rows[1]
     step([1, 0], [1, 1])  # vLLM reorders its batch: they trade rows
     assert d.rows[0] is b and d.rows[1] is a and d.seen.tolist() == [n[1], n[0]]  # row state, in row order
-    assert d.groups.waiting == 0 and d.away == {}  # no sequence left, none started anew
+    assert d.session.waiting == 0 and d.away == {}  # no sequence left, none started anew
 
 
 def test_rows_after_a_finished_batch_are_new_sequences_of_the_next():
@@ -310,7 +310,7 @@ def test_a_drivers_turns_are_one_sequence_of_the_original_prompt(tmp_path):
         names = ["x"]
         store = LmdbSequenceStore.open(tmp_path / f"{named}-{tool_step}")
         d = TreeDrafts(ProposerSettings(None, None, [EOS], adaptive=True, fingerprint=FP), 4, WIDTH - 8,
-                       cache=TreeCache(store), request_ids=(lambda: names) if named else None)
+                       link=StoreLink(store), request_ids=(lambda: names) if named else None)
         ids = np.zeros((1, WIDTH), dtype=np.int64)
         uid = prompt_uid(p, FP)
         for turn, (before, new) in enumerate([(p, turn1), (p + turn1 + tool, turn2)]):

@@ -115,7 +115,7 @@ def _embedded(model_dir, prompts, cache, out) -> dict:
 
 def _stored(cache: Path | str) -> dict:
     """Each prompt's stored sequences (in any order: the engines finish rows in other orders)."""
-    from srtcli.tree_cache import open_store
+    from srtcli.store_link import open_store
 
     with open_store(cache) as s:
         return {uid: sorted(tuple(x.tokens) for x in s.read(uid)) for uid in s.uids()}

@@ -16,7 +16,8 @@ from cache_store.seqstore import LmdbSequenceStore
 
 from cache_store.store import load_tree
 from cache_store.uid import prompt_uid
-from srtcli.tree_cache import TreeCache
+from srtcli.rollout.tree_session import TreeSession
+from srtcli.store_link import StoreLink
 from srtcli.rollout.drafters.srt import SrtDrafter
 from srtcli.rollout.engine.sequence import Sequence
 from srtcli.errors import SrtError
@@ -86,8 +87,8 @@ def simulate(drafts: TreeDrafts, seqs: list[tuple[str, list[int]]], slots: int, 
 
 def embedded_fill(store: LmdbSequenceStore, seqs: list[tuple[str, list[int]]]) -> None:
     """The embedded engine's drafter fed the same sequences (cut at eos / MAX_NEW as it does)."""
-    cache = TreeCache(store)
-    d = SrtDrafter(cache=cache)
+    session = TreeSession(StoreLink(store))
+    d = SrtDrafter(session)
     for uid in PROMPTS:
         for _, out in [s for s in seqs if s[0] == uid]:
             cut = out[:MAX_NEW]
@@ -98,8 +99,7 @@ def embedded_fill(store: LmdbSequenceStore, seqs: list[tuple[str, list[int]]]) -
             d.extend(s, cut)
             d.end(s)
         d.group_done(uid)
-    d.close()
-    cache.flush()
+    session.commit()
 
 
 def stored(store: LmdbSequenceStore) -> dict[str, list[tuple[int, ...]]]:
@@ -123,12 +123,12 @@ def test_cache_written_from_vllm_rows_equals_the_embedded_drafters(tmp_path, see
     seqs = _outputs(random.Random(seed))
     with LmdbSequenceStore.open(tmp_path / "emb") as emb, LmdbSequenceStore.open(tmp_path / "vllm") as vs:
         embedded_fill(emb, seqs)
-        d = TreeDrafts(_settings(tmp_path / "vllm"), budget=4, max_model_len=64, cache=TreeCache(vs))
+        d = TreeDrafts(_settings(tmp_path / "vllm"), budget=4, max_model_len=64, link=StoreLink(vs))
         simulate(d, seqs, slots=4, rng=random.Random(seed + 10))
         assert stored(vs) == stored(emb) and all(len(v) == 3 for v in stored(vs).values())
         # the wrong variant stores moved rows twice, and the comparison sees it
         with LmdbSequenceStore.open(tmp_path / "wrong") as ws:
-            simulate(NoMoveTracking(_settings(tmp_path / "wrong"), 4, 64, cache=TreeCache(ws)), seqs, 4, random.Random(seed + 10))
+            simulate(NoMoveTracking(_settings(tmp_path / "wrong"), 4, 64, link=StoreLink(ws)), seqs, 4, random.Random(seed + 10))
             assert stored(ws) != stored(emb)
 
 
@@ -136,17 +136,17 @@ def test_second_run_drafts_from_the_cache_and_drafts_respect_limits(tmp_path):
     rng = random.Random(3)
     seqs = _outputs(rng)
     with LmdbSequenceStore.open(tmp_path / "c") as store:
-        first = TreeDrafts(_settings(tmp_path / "c"), budget=4, max_model_len=64, cache=TreeCache(store))
+        first = TreeDrafts(_settings(tmp_path / "c"), budget=4, max_model_len=64, link=StoreLink(store))
         _, c0 = simulate(first, seqs, 4, random.Random(4))
         assert c0["groups"] == 3 and c0["hits"] == 0
-        second = TreeDrafts(_settings(tmp_path / "c"), budget=4, max_model_len=64, cache=TreeCache(store))
+        second = TreeDrafts(_settings(tmp_path / "c"), budget=4, max_model_len=64, link=StoreLink(store))
         props, c2 = simulate(second, seqs, 4, random.Random(4))
         assert c2["groups"] == 3 and c2["hits"] == 3 and c2["resumed_rows"] == 0
         assert sum(len(p) for step in props for p in step) == c2["drafted_tokens"] > 0
         assert all(len(p) <= 4 for step in props for p in step)
     # drafts are what followed the context in the stored tree, the most frequent path
     with LmdbSequenceStore.open(tmp_path / "c") as store:
-        d = TreeDrafts(_settings(tmp_path / "c", load_steps=0, adaptive=False), budget=3, max_model_len=64, cache=TreeCache(store))
+        d = TreeDrafts(_settings(tmp_path / "c", load_steps=0, adaptive=False), budget=3, max_model_len=64, link=StoreLink(store))
         uid, out = next(s for s in seqs if s[0] == UID_C and EOS in s[1][:MAX_NEW])
         ids = np.zeros((1, 64), dtype=np.int64)
         p = PROMPTS[uid]
@@ -155,11 +155,11 @@ def test_second_run_drafts_from_the_cache_and_drafts_respect_limits(tmp_path):
         tree = load_tree(store, uid)
         assert got == tree.draft([p[-1], out[0]], budget=3, min_prob=0.1).tokens != []
         # built off the step, the stored tree drafts from the next step on (`load_steps`)
-        lazy = TreeDrafts(_settings(tmp_path / "c", adaptive=False, load_steps=1), budget=3, max_model_len=64, cache=TreeCache(store))
-        lazy.trees.inline_tokens = 0  # (a load this small is built in the step by default)
+        lazy = TreeDrafts(_settings(tmp_path / "c", adaptive=False, load_steps=1), budget=3, max_model_len=64, link=StoreLink(store))
+        lazy.session.trees.inline_tokens = 0  # (a load this small is built in the step by default)
         assert lazy.propose([[out[0]]], np.array([len(p) + 1]), ids)[0] == []  # nothing else knows it
         assert lazy.propose([[out[1]]], np.array([len(p) + 2]), ids) == d.propose([[out[1]]], np.array([len(p) + 2]), ids)
-        assert lazy.trees.groups[uid].tree.sequences == tree.sequences + 1
+        assert lazy.session.trees.groups[uid].tree.sequences == tree.sequences + 1
         # no room left before max_model_len: no draft
         short = TreeDrafts(_settings(None), budget=3, max_model_len=len(p) + 2)
         assert short.propose([[out[0]]], np.array([len(p) + 1]), ids)[0] == []
@@ -184,19 +184,19 @@ def test_a_prompt_seen_more_often_than_its_tree_can_hold_starts_again_from_its_n
     its tree without end: a server that sees one prompt that often keeps going, its prompt's tree
     renewed from the newest sequences (as many as a load keeps), and every sequence still reaches
     the store (the ones in flight commit from the old tree)."""
-    import srtcli.rollout.drafters.group_trees as group_trees
-    import srtcli.rollout.vllm.commits as commits
+    import srtcli.rollout.drafters.prompt_trees as prompt_trees
+    import srtcli.rollout.tree_session as commits
 
     if bound == "sequences":
         monkeypatch.setattr(commits, "GROUP_MAX_SEQUENCES", 6)
-        monkeypatch.setattr(group_trees, "GROUP_KEEP", 3)
+        monkeypatch.setattr(prompt_trees, "GROUP_KEEP", 3)
     else:
         monkeypatch.setattr(commits, "GROUP_MAX_TOKENS", 12)  # 4 sequences of 3 tokens (anchor first)
     p = PROMPTS[UID_A]
     with LmdbSequenceStore.open(tmp_path / "c") as store:
-        d = TreeDrafts(_settings(tmp_path / "c", load_tokens=7), budget=4, max_model_len=64, cache=TreeCache(store),
+        d = TreeDrafts(_settings(tmp_path / "c", load_tokens=7), budget=4, max_model_len=64, link=StoreLink(store),
                        commit_every=1000)
-        d.trees.inline_tokens = 0 if "off" in bound else d.trees.inline_tokens
+        d.session.trees.inline_tokens = 0 if "off" in bound else d.session.trees.inline_tokens
         groups, streamed, off = set(), [], 0
         for k in range(20):  # one sample at a time, two rows each: the same prompt every time
             ids = np.zeros((2, 64), dtype=np.int64)
@@ -206,7 +206,7 @@ def test_a_prompt_seen_more_often_than_its_tree_can_hold_starts_again_from_its_n
             d.propose([[], []], np.array([len(p)] * 2), ids)  # prefill
             d.propose([o for o in out], np.array([len(p) + 2] * 2), ids)  # both end at eos
             streamed += [[p[-1]] + o for o in out]  # anchor first
-            g = d.trees.groups[UID_A]
+            g = d.session.trees.groups[UID_A]
             if id(g) not in groups and groups:  # renewed from the newest 3 sequences, or 7 tokens' worth
                 held = [list(g.tree.sequence(i)) for i in range(g.tree.sequences)]  # and this step's rows
                 assert len(held) <= (3 if bound == "sequences" else 7 // 3 + 1) + 2

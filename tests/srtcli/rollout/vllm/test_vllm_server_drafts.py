@@ -18,7 +18,7 @@ import pytest
 
 from cache_store.seqstore import LmdbSequenceStore
 from cache_store.uid import prompt_uid
-from srtcli.tree_cache import TreeCache
+from srtcli.store_link import StoreLink
 from srtcli.errors import SrtError
 from srtcli.rollout.vllm import row_tracking
 from srtcli.rollout.vllm.commits import commit_settings
@@ -50,7 +50,7 @@ class Batch:
 
 def drafts(store=None, **kw) -> TreeDrafts:
     settings = ProposerSettings(None, None, [EOS], adaptive=False, shared=False, fingerprint=FP)
-    return TreeDrafts(settings, budget=4, max_model_len=WIDTH - 4, cache=TreeCache(store) if store is not None else None, **kw)
+    return TreeDrafts(settings, budget=4, max_model_len=WIDTH - 4, link=StoreLink(store) if store is not None else None, **kw)
 
 
 def stored(path: Path) -> dict[str, list[tuple[int, ...]]]:
@@ -109,7 +109,7 @@ def test_a_request_back_after_an_idle_commit_goes_on_as_itself(tmp_path):
         b.put(1, P + [30, 31, 32])  # back, with one more token
         b.step(d, [[40], [32]])
         assert d.c.resumed_rows == 1 and d.rows[1].uid == prompt_uid(P, FP)
-        assert d.trees.groups[prompt_uid(P, FP)].tree.sequences == 1
+        assert d.session.trees.groups[prompt_uid(P, FP)].tree.sequences == 1
         d.finish()
     assert prompt_uid(P + [30, 31], FP) not in stored(tmp_path / "c")
     assert stored(tmp_path / "c")[prompt_uid(P, FP)] == [(7, 30, 31)]
@@ -134,7 +134,7 @@ def test_sequences_are_committed_in_batches_as_they_end_without_a_finish(tmp_pat
     with LmdbSequenceStore.open(tmp_path / "c") as store:
         d, b = drafts(store, commit_every=2, commit_seconds=3600), Batch()
         generate(b, d, 0, P, [30, EOS])
-        assert d.groups.waiting == 1 and stored(tmp_path / "c") == {}
+        assert d.session.waiting == 1 and stored(tmp_path / "c") == {}
         generate(b, d, 0, Q, [31, EOS])  # the second ended sequence: one append of both
         assert d.c.commits == 1 and set(stored(tmp_path / "c")) == {prompt_uid(P, FP), prompt_uid(Q, FP)}
         d2, b2 = drafts(store, commit_every=100, commit_seconds=0.01), Batch()
@@ -168,12 +168,12 @@ def test_idle_means_longer_without_a_step_when_vllms_steps_are_slow(tmp_path):
         assert d.rows[0].ended and stored(tmp_path / "c") == {prompt_uid(P, FP): [(7, 30, 31, 32)]}
 
 
-def test_a_tree_leaving_memory_is_committed_first_and_loads_back_as_a_hit(tmp_path):
+def test_a_prompt_back_after_its_tree_left_memory_has_its_sequences_appended_first_and_loads_as_a_hit(tmp_path):
     with LmdbSequenceStore.open(tmp_path / "c") as store:
         d, b = drafts(store, commit_every=100, commit_seconds=3600, idle_groups=1), Batch()
         generate(b, d, 0, P, [30, 31, EOS])
         generate(b, d, 0, Q, [40, EOS])  # P's tree is no longer among the idle ones kept
-        assert prompt_uid(P, FP) in stored(tmp_path / "c") and prompt_uid(P, FP) not in d.trees.groups
+        assert prompt_uid(P, FP) not in d.session.trees.groups and stored(tmp_path / "c") == {}
         b.put(0, P + [30])
         assert b.step(d, [[30]]) == [[31, EOS]]  # drafted from the reloaded tree
         assert d.finish()["hits"] == 1

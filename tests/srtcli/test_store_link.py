@@ -23,7 +23,7 @@ from cache_store.redis_store import RedisSequenceStore
 from cache_store.seqstore import LmdbSequenceStore
 from srtcli.cli import cli
 from srtcli.pool import read_pool
-from srtcli.tree_cache import TreeCache
+from srtcli.store_link import StoreLink
 from tests.cache_store.redis_server import BINARY, NO_SERVER, RedisServer, unique_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,22 +78,22 @@ class Flaky:
 
 
 def test_a_lost_server_keeps_what_waits_and_retries_with_backoff(tmp_path, redis_url, caplog, monkeypatch):
-    monkeypatch.setattr("srtcli.tree_cache.RETRY_FIRST", 0.05)
+    monkeypatch.setattr("srtcli.store_link.RETRY_FIRST", 0.05)
     store = RedisSequenceStore.open(redis_url)
     flaky = Flaky(store)
-    cache = TreeCache(flaky, spill_dir=tmp_path)
+    cache = StoreLink(flaky, spill_dir=tmp_path)
     uid = "a" * 32
     flaky.down = True
     with caplog.at_level(logging.WARNING, logger="srt"):
-        cache.wait(uid, lambda: ([[1, 2, 3]], None))
-        assert cache.flush() is False and cache.stored(uid) == []
+        cache.queue(uid, [[1, 2, 3]], None)
+        assert cache.append() is False and cache.stored(uid) == []
         cache.tick()
-        cache.wait(uid, lambda: ([[4, 5]], None))
-        assert cache.flush() is False  # not due yet: no second try, no second warning
+        cache.queue(uid, [[4, 5]], None)
+        assert cache.append() is False  # not due yet: no second try, no second warning
     assert len([r for r in caplog.records if "cannot reach" in r.getMessage()]) == 1
     flaky.down = False
     time.sleep(0.2)
-    assert cache.flush() is True
+    assert cache.append() is True
     assert [list(s.tokens) for s in store.read(uid)] == [[1, 2, 3], [4, 5]]
     cache.tick()
     assert store.now() == 2  # the tick the server missed is not lost either
@@ -102,13 +102,13 @@ def test_a_lost_server_keeps_what_waits_and_retries_with_backoff(tmp_path, redis
 
 def test_what_a_lost_server_never_takes_lands_in_a_store_srt_cache_import_adds(tmp_path, redis_url, caplog,
                                                                               monkeypatch):
-    monkeypatch.setattr("srtcli.tree_cache.CLOSE_RETRIES", (0.01,))
+    monkeypatch.setattr("srtcli.store_link.CLOSE_RETRIES", (0.01,))
     store = RedisSequenceStore.open(redis_url)
     flaky = Flaky(store)
-    cache = TreeCache(flaky, spill_dir=tmp_path)
+    cache = StoreLink(flaky, spill_dir=tmp_path)
     flaky.down = True
     for i, uid in enumerate(("a" * 32, "b" * 32)):
-        cache.wait(uid, lambda i=i: ([[7, i, i]], [[0.5, 0.25, 0.125]]))
+        cache.queue(uid, [[7, i, i]], [[0.5, 0.25, 0.125]])
     with caplog.at_level(logging.WARNING, logger="srt"):
         cache.close()
     [spill] = list(tmp_path.glob("srt-unsent-*"))
@@ -264,11 +264,11 @@ def test_the_vllm_proposer_keeps_drafting_while_its_server_is_gone(tmp_path, red
     from srtcli.rollout.vllm.tree_drafts import TreeDrafts
     from cache_store.uid import prompt_uid
 
-    monkeypatch.setattr("srtcli.tree_cache.RETRY_FIRST", 0.05)
+    monkeypatch.setattr("srtcli.store_link.RETRY_FIRST", 0.05)
     store = RedisSequenceStore.open(redis_url)
     flaky = Flaky(store)
     settings = ProposerSettings(None, None, [EOS], adaptive=False, shared=False, fingerprint=FP)
-    d, b = TreeDrafts(settings, budget=4, max_model_len=WIDTH - 4, cache=TreeCache(flaky)), Batch()
+    d, b = TreeDrafts(settings, budget=4, max_model_len=WIDTH - 4, link=StoreLink(flaky)), Batch()
     flaky.down = True
     generate(b, d, 0, P, [30, 31, 32, EOS])
     b.put(0, P + [30])  # the same prompt again: its tree (in memory) drafts the first sample
@@ -286,7 +286,7 @@ def test_an_append_whose_reply_was_lost_is_not_stored_twice(tmp_path, redis_url,
     it again when the server answers, with the same id, and each sequence is stored once."""
     from cache_store.errors import CacheUnavailable
 
-    monkeypatch.setattr("srtcli.tree_cache.RETRY_FIRST", 0.05)
+    monkeypatch.setattr("srtcli.store_link.RETRY_FIRST", 0.05)
     store = RedisSequenceStore.open(redis_url)
 
     class ReplyLost(Flaky):
@@ -299,21 +299,21 @@ def test_an_append_whose_reply_was_lost_is_not_stored_twice(tmp_path, redis_url,
             return super().__getattr__(name)
 
     flaky = ReplyLost(store)
-    cache = TreeCache(flaky, spill_dir=tmp_path)
+    cache = StoreLink(flaky, spill_dir=tmp_path)
     flaky.down = True
-    cache.wait("a" * 32, lambda: ([[1, 2, 3]], None))
-    assert cache.flush() is False
+    cache.queue("a" * 32, [[1, 2, 3]], None)
+    assert cache.append() is False
     flaky.down = False
     time.sleep(0.2)
-    cache.wait("a" * 32, lambda: ([[4]], None))
-    assert cache.flush() is True
+    cache.queue("a" * 32, [[4]], None)
+    assert cache.append() is True
     assert sorted(list(s.tokens) for s in store.read("a" * 32)) == [[1, 2, 3], [4]]
 
 
 def test_a_server_in_srt_cache_stays_a_url(monkeypatch, tmp_path):
     """`$SRT_CACHE` names a server for every user of the default, the drop-in speculator too
     (a Path would fold `redis://` into `redis:/` and make a directory of it)."""
-    from srtcli.tree_cache import cache_location
+    from srtcli.store_link import cache_location
 
     url = "redis://127.0.0.1:6379/0?prefix=x"
     monkeypatch.setenv("SRT_CACHE", url)

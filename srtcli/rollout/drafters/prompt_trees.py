@@ -1,16 +1,15 @@
-"""The token trees one run drafts from and writes back, per prompt group: the one component
-behind both the embedded `srt` drafter and the vLLM proposer, so both fill the cache alike.
+"""The token trees one run drafts from, per prompt: each prompt's tree and the run-wide tree,
+held by the run's tree session (`srtcli.rollout.tree_session.TreeSession`, which also decides
+what reaches the store and when), behind the embedded `srt` drafter and the vLLM proposer alike.
 
-When a group's prompt is first needed its tree is built from the tree cache
-(`srtcli.tree_cache.TreeCache.stored`: the prompt's newest stored rollouts, weighted by their
-decay) or started empty, with a flag saying whether the cache held sequences for it (a hit).
-Every token a sample of the group appends goes at once into that tree (a `SuffixTree` stream), so later
-and concurrent samples draft from it, and into the run-wide shared tree (all prompts mixed,
-never persisted; a suffix tree too). Each sequence is streamed starting with the prompt's last
-token (an anchor), so it can be drafted from its first token. When a group ends, the sequences
-this run streamed into its tree (not the loaded ones) wait in the tree cache, which appends
-them in one `append_many` once `commit_every` groups wait (or its owner ticks or closes it);
-appends never merge, so concurrent writers lose nothing.
+When a prompt is first needed its tree is built from the store (`StoreLink.stored`: the
+prompt's newest stored rollouts, weighted by their decay) or started empty, with a flag saying
+whether the store held sequences for it (a hit). Every token a sample of the prompt appends
+goes at once into that tree (a `SuffixTree` stream), so later and concurrent samples draft from
+it, and into the run-wide shared tree (all prompts mixed, never persisted; a suffix tree too).
+Each sequence is streamed starting with the prompt's last token (an anchor), so it can be
+drafted from its first token; a prompt's tree remembers the streams this run started
+(`PromptTree.started`), which is what the session stores.
 
 Loads off the step (`load_steps` > 0, the vLLM proposer's default): a build costs ~0.5-1 us per
 stored token (~50 ms for 16 stored 8,192-token rollouts) and the proposer runs inside vLLM's step,
@@ -75,30 +74,31 @@ class PromptTree:
 
     tree: SuffixTree  # the store's sequences plus everything this run streamed into it
     hit: bool  # the store held sequences for the prompt when it was first needed
-    added: list[int] = field(default_factory=list)  # ids (in `tree`) of the sequences this run streamed
+    started: list = field(default_factory=list)  # the streams this run started in `tree`, not yet stored
+    grouped: bool = False  # a driver's group: its sequences are stored together
     counted: bool = False  # counted in `loaded`/`hits`
     loading: Future | None = None  # the stored tree being built off the step, until `adopt`
     due: int = 0  # the step that adopts it
     moving: list = field(default_factory=list)  # the streams opened on `tree` meanwhile
 
     def new_sequences(self) -> list:
-        """The tokens of the sequences this run added (anchor first), as they are now."""
-        return [self.tree.sequence(i) for i in self.added]
+        """The tokens of the sequences this run started (anchor first), as they are now."""
+        return [self.tree.sequence(s.sequence_id) for s in self.started]
 
     def new_probs(self) -> list:
         """Their tokens' probabilities (None for a sequence streamed without them)."""
-        return [self.tree.sequence_probs(i) for i in self.added]
+        return [self.tree.sequence_probs(s.sequence_id) for s in self.started]
 
 
-class GroupTrees:
-    """The live groups' prompt trees, the run-wide tree, and the hit counts, over the tree
-    cache `cache` (a `srtcli.tree_cache.TreeCache`; None: trees start empty, nothing is kept)."""
+class PromptTrees:
+    """The prompts' trees in memory, the run-wide tree, and the hit counts, loaded through
+    `link` (a `srtcli.store_link.StoreLink`; None: trees start empty)."""
 
     inline_tokens = LOAD_INLINE_TOKENS
 
-    def __init__(self, cache: Any = None, shared: bool = True, commit_every: int = 8,
-                 load_tokens: int = LOAD_TOKENS, load_steps: int = 0):
-        self.cache, self.commit_every, self.load_tokens = cache, commit_every, load_tokens
+    def __init__(self, link: Any = None, shared: bool = True, load_tokens: int = LOAD_TOKENS,
+                 load_steps: int = 0):
+        self.link, self.load_tokens = link, load_tokens
         self.shared = SuffixTree(SHARED_DEPTH) if shared else None
         self.groups: dict[str, PromptTree] = {}
         self.loaded = self.hits = 0
@@ -118,9 +118,9 @@ class GroupTrees:
         """The prompt's group, a hit if the store held sequences for it: its tree of its newest
         stored sequences (at most LOAD_NEWEST of them and `load_tokens` tokens), built in the
         step or off it as `_group` decides."""
-        if self.cache is None:
+        if self.link is None:
             return PromptTree(SuffixTree(TREE_DEPTH), False)
-        seqs = self.cache.stored(uid, self.load_tokens)
+        seqs = self.link.stored(uid, self.load_tokens)
         return self._group(seqs, bool(seqs))
 
     def _group(self, seqs: list, hit: bool) -> PromptTree:
@@ -139,7 +139,7 @@ class GroupTrees:
         and `load_tokens` tokens, as a load keeps), built as a load is; `g`'s live and waiting
         sequences stay with it and commit from it."""
         new = self.groups[uid] = self._group(newest_sequences(g.tree, GROUP_KEEP, self.load_tokens), g.hit)
-        new.counted = g.counted
+        new.counted, new.grouped = g.counted, g.grouped
         return new
 
     def _build(self, seqs: list, depth: int) -> Future:
@@ -189,7 +189,6 @@ class GroupTrees:
                 stream.move(g.tree)
         else:
             g.tree = tree
-        g.added = [stream.sequence_id for stream in g.moving]
 
     def count(self, g: PromptTree) -> None:
         """Count a group (once) in the loaded groups and cache hits."""
@@ -202,7 +201,7 @@ class GroupTrees:
         """Streams into the group's tree and the shared tree, fed `anchor` (the prompt's last
         token) first."""
         stream = g.tree.stream()
-        g.added.append(stream.sequence_id)
+        g.started.append(stream)
         if g.loading is not None:
             g.moving.append(stream)
         streams: tuple = (stream,) if self.shared is None else (stream, self.shared.stream())
@@ -225,23 +224,3 @@ class GroupTrees:
             self.shared = SuffixTree.from_sequences(seqs, shared.max_depth)
         else:
             self.shared_next = (self._build(seqs, shared.max_depth), self.step + SHARED_REBUILD_STEPS)
-
-    def retire(self, uid: str) -> None:
-        """The group is done: its new sequences (if any) wait in the cache for the next append,
-        read then (so tokens streamed after it retired are kept too)."""
-        self.bound_shared()
-        g = self.groups.pop(uid, None)
-        if g is not None and g.added and self.cache is not None:
-            self.cache.wait(uid, lambda: (g.new_sequences(), g.new_probs()))
-
-    def flush_if_due(self) -> None:
-        """Append once `commit_every` groups wait."""
-        if self.cache is not None and self.cache.waiting_prompts >= self.commit_every:
-            self.cache.flush()
-
-    def close(self) -> None:
-        """Every new sequence still held, live groups' too (run-ahead trees of prompts not
-        reached), waits in the cache (whose owner appends it); the groups are forgotten."""
-        for uid in list(self.groups):
-            self.retire(uid)
-        self.groups.clear()

@@ -10,18 +10,19 @@ turns every cache failure (a foreign directory, a newer format, a cache of the e
 format, a busy or corrupt LMDB, LMDB on a network filesystem, a server that cannot be reached
 or refuses the password) into one `SrtError` line naming the location, its password masked.
 
-A rollout holds its cache as one `TreeCache`, whose lifecycle is:
+A run reaches its cache through one `StoreLink` (owned by the run's tree session,
+`srtcli.rollout.tree_session.TreeSession`, which decides when to append and tick):
 
-    cache = TreeCache.open(path)      # the driver (or the vLLM proposer, in its worker)
-    cache.stored(uid)                 # a drafter loading a prompt's tree
-    cache.wait(uid, read)             # a drafter handing over sequences it finished
-    cache.flush()                     # one append of everything waiting (batched by the drafter)
-    cache.tick()                      # the driver, after each rollout batch: flush, then the clock
-    cache.close()                     # flush, close the store
+    link = StoreLink.open(location)   # the driver (or the vLLM proposer, in its worker)
+    link.stored(uid)                  # a prompt's stored sequences, for its tree
+    link.queue(uid, seqs, probs)      # sequences that ended, for the next append
+    link.append()                     # one append of everything queued
+    link.tick()                       # a rollout batch ended: append, then the clock
+    link.close()                      # append, close the store
 
-so what a batch wrote always reaches the store before its clock advances. A cache that does not
+so what a batch wrote always reaches the store before its clock advances. A link that does not
 write (`writer=False`: a vLLM rank other than 0, so sequences are not stored once per rank)
-loads like a writer and drops what waits.
+loads like a writer and drops what is queued.
 
 A cache server lost during a run never stops it and never loses a rollout: loads give empty
 trees (drafting goes on from the trees in memory, and outputs stay exact: drafts only steer
@@ -39,7 +40,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import lmdb
 
@@ -50,8 +51,6 @@ from cache_store.seqstore import LmdbSequenceStore
 from cache_store.store import LOAD_NEWEST, LOAD_TOKENS, SequenceStore, is_server_url
 from srtcli.errors import SrtError
 
-# what a waiting entry gives when it is appended: its sequences and their probabilities (None: none known)
-Read = Callable[[], tuple[list, list | None]]
 RETRY_FIRST, RETRY_MAX = 0.5, 30.0  # seconds before the first retry of a lost server, and the longest wait
 CLOSE_RETRIES = (0.5, 1.0, 2.0)  # the waits of the last tries before what is unsent goes to a local store
 
@@ -101,31 +100,29 @@ def open_store(path: str | Path | None, create: bool = False, readonly: bool = F
 
 @dataclass
 class Batch:
-    """Sequences read for one append, by prompt, with their probabilities (None where unknown),
-    and the id that append carries every time it is sent."""
+    """Sequences for one append, by prompt, with their probabilities (None where unknown), and
+    the id that append carries every time it is sent."""
 
-    seqs: dict[str, list]
-    probs: dict[str, list]
+    seqs: dict[str, list] = field(default_factory=dict)
+    probs: dict[str, list] = field(default_factory=dict)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
-    @classmethod
-    def read(cls, pending: dict[str, list[Read]]) -> "Batch":
-        seqs, probs = {}, {}
-        for uid, reads in pending.items():
-            seqs[uid], probs[uid] = [], []
-            for read in reads:
-                s, p = read()
-                seqs[uid] += s
-                probs[uid] += p if p is not None else [None] * len(s)
-        return cls(seqs, probs)
+    def add(self, uid: str, seqs: list, probs: list | None) -> None:
+        self.seqs.setdefault(uid, []).extend(seqs)
+        self.probs.setdefault(uid, []).extend(probs if probs is not None else [None] * len(seqs))
+
+    @property
+    def sequences(self) -> int:
+        return sum(map(len, self.seqs.values()))
 
     def known_probs(self) -> dict[str, list] | None:
         """`probs`, or None when no sequence has any (what `append_many` takes)."""
         return self.probs if any(p is not None for ps in self.probs.values() for p in ps) else None
 
 
-class TreeCache:
-    """A sequence store as a run uses it: loads, the sequences waiting to be appended, the clock.
+class StoreLink:
+    """A sequence store as a run uses it: bounded loads, the sequences queued for the next append,
+    the clock.
     What a lost server could not take waits in `unsent` (and ticks in `missed_ticks`) until it
     is back, each batch with its own append id, so a batch whose first try landed unseen is
     not stored twice; `spill_dir` is where `close` leaves what it never took."""
@@ -135,14 +132,14 @@ class TreeCache:
         self.store, self.writer = store, writer
         self.location = location if location is not None else store.path  # unmasked: for another process
         self.spill_dir = Path(spill_dir) if spill_dir is not None else Path.cwd()
-        self.pending: dict[str, list[Read]] = {}  # uid -> its waiting entries, in the order they came
-        self.unsent: list[Batch] = []  # batches read, not yet appended, oldest first
+        self.queued = Batch()  # what the next append takes
+        self.unsent: list[Batch] = []  # batches taken, not yet appended, oldest first
         self.missed_ticks = 0
         self.lost, self.retry_at, self.backoff = False, 0.0, RETRY_FIRST
 
     @classmethod
     def open(cls, location: str | Path | None, writer: bool = True,
-             spill_dir: str | Path | None = None) -> "TreeCache":
+             spill_dir: str | Path | None = None) -> "StoreLink":
         """The cache at `location` (created if needed); a bad cache is one SrtError line."""
         return cls(open_sequence_store(location, create=True), writer, spill_dir, cache_location(location))
 
@@ -163,29 +160,25 @@ class TreeCache:
             self._lose(e)
             return []
 
-    def wait(self, uid: str, read: Read) -> None:
-        """Sequences of the prompt for the next append. `read` is called then, not now, so tokens
-        streamed until the append are kept too."""
-        self.pending.setdefault(uid, []).append(read)
-
-    @property
-    def waiting_prompts(self) -> int:
-        return len(self.pending)
+    def queue(self, uid: str, seqs: list, probs: list | None = None) -> None:
+        """Sequences of the prompt (tokens, anchor first) and their probabilities (None: none
+        known), for the next append."""
+        self.queued.add(uid, seqs, probs)
 
     @property
     def waiting(self) -> int:
-        """Entries waiting (a drafter's unit: a group, or one sequence)."""
-        return sum(map(len, self.pending.values()))
+        """Sequences queued."""
+        return self.queued.sequences
 
-    def flush(self) -> bool:
-        """Append everything waiting, and what a lost server has not taken yet, in one
-        transaction (`append_many`); True if one ran. A cache that does not write drops what
-        waits; a server that cannot be reached keeps it for the next try (`unsent`)."""
-        pending, self.pending = self.pending, {}
+    def append(self) -> bool:
+        """Append everything queued, and what a lost server has not taken yet, in one
+        transaction (`append_many`); True if one ran. A link that does not write drops what is
+        queued; a server that cannot be reached keeps it for the next try (`unsent`)."""
+        batch, self.queued = self.queued, Batch()
         if not self.writer:
             return False
-        if pending:
-            self.unsent.append(Batch.read(pending))
+        if batch.seqs:
+            self.unsent.append(batch)
         if not self.unsent or not self._reachable():
             return False
         try:
@@ -201,8 +194,10 @@ class TreeCache:
 
     def tick(self) -> None:
         """A rollout batch ended: what it wrote reaches the store, then the logical clock advances
-        (by the ticks a lost server missed too)."""
-        self.flush()
+        (by the ticks a lost server missed too). A link that does not write ticks nothing."""
+        self.append()
+        if not self.writer:
+            return
         self.missed_ticks += 1
         if not self._reachable():
             return
@@ -215,14 +210,14 @@ class TreeCache:
         self._found()
 
     def close(self) -> None:
-        """Append what waits (a lost server gets a few last tries; what it still cannot take goes
-        to a local store, `_spill`), close the store."""
+        """Append what is queued (a lost server gets a few last tries; what it still cannot take
+        goes to a local store, `_spill`), close the store."""
         try:
-            self.flush()
+            self.append()
             for wait in CLOSE_RETRIES if self.unsent else ():
                 time.sleep(wait)
                 self.retry_at = 0.0
-                if self.flush():
+                if self.append():
                     break
             if self.unsent:
                 self._spill()
