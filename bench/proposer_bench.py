@@ -28,7 +28,11 @@ drafted, that length reads as short, so compare drafting under `--verify`. `--ow
 tree's inserts cost. A stored tree is built off the step and adopted `--load-steps` steps later
 (the proposer's default); `--in-step` adds `srt-in-step`, which builds it inside the step, and
 `--forward-ms` waits after each step as the host does during a GPU forward (untimed), the time
-in which builds off the step run. srt's tree work runs on `--threads` threads (the proposer's
+in which builds off the step run. `--from-config` (needs vLLM) adds `srt-config` and
+`srt-config-warm`: `SrtProposer` built from a real `VllmConfig` as vLLM's worker builds it (a
+small model with head size 32, `max_num_seqs` = `--rows`, the cache `$SRT_CACHE`, every default
+the config fills in: adaptive lengths off CUDA, eos from the tokenizer, which the responses then
+avoid), cold and on the cache a first run of the same steps filled. srt's tree work runs on `--threads` threads (the proposer's
 default: the cores it may use, at most 4); `--one-thread` adds `srt-1-thread`; `--second-run`
 adds `srt-warm`, srt on the cache a first, untimed run of the same steps filled (the next
 epoch's proposer, its prompts' trees loaded from what the first run committed). Past
@@ -47,7 +51,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -71,9 +75,10 @@ ARCTIC_DEPTH, ARCTIC_CACHED = 24, 10_000  # vLLM's suffix_decoding_max_tree_dept
 class Workload:
     """Requests (prompt index, response) in order: K samples of a prompt, then the next prompt."""
 
-    def __init__(self, seed: int, k: int, tokens: int, prompts: int, history: int = 0):
+    def __init__(self, seed: int, k: int, tokens: int, prompts: int, history: int = 0, avoid: tuple = ()):
         self.rng = np.random.default_rng(seed)
         self.k, self.tokens, self.history = k, tokens, history
+        self.avoid = np.array(avoid, dtype=np.int32)  # tokens no response holds (a real tokenizer's eos)
         self.prompts = [self.rng.integers(3, 32_000, PROMPT_LEN).tolist() for _ in range(prompts)]
         self.paths: dict[int, list] = {}
         self.next = 0
@@ -86,10 +91,14 @@ class Workload:
         if p not in self.paths:
             self.paths = {p: [zipf_tokens(self.rng, int(self.tokens * 1.6) + 64) for _ in range(3)]}
             if self.history:  # the prompt's responses of an earlier epoch, before its first request
-                earlier = [noisy_copy(self.rng, self.paths[p], self.tokens) for _ in range(self.history)]
+                earlier = [self._clean(noisy_copy(self.rng, self.paths[p], self.tokens)) for _ in range(self.history)]
                 if self.earlier is not None:
                     self.earlier(self.prompts[p], earlier)
-        return rid, p, noisy_copy(self.rng, self.paths[p], self.tokens)
+        return rid, p, self._clean(noisy_copy(self.rng, self.paths[p], self.tokens))
+
+    def _clean(self, resp: np.ndarray) -> np.ndarray:
+        resp[np.isin(resp, self.avoid)] = 3
+        return resp
 
 
 class Batch:
@@ -211,7 +220,50 @@ def matched(draft: list[int], resp: np.ndarray, at: int) -> int:
     return k
 
 
-def propose(prop: TreeDrafts | Arctic, batch: Batch, sampled: list[list[int]]) -> list[list[int]]:
+def config_proposer(args: argparse.Namespace, cache: str) -> Any:
+    """`SrtProposer` from a real `VllmConfig`, on the cache `cache` (`$SRT_CACHE`), as vLLM's
+    worker builds it: the model, `max_num_seqs` and the budget are the run's, the rest defaults."""
+    import os
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    from srtcli.rollout.vllm.proposer import PROPOSER, SrtProposer
+    from tests.srtcli.rollout.engine.support import make_head32_model_dir
+
+    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"  # the tiny model's 256 positions: only its config is used
+    os.environ["SRT_CACHE"] = cache
+    model = Path(cache).parent / "m32"
+    if not model.exists():
+        make_head32_model_dir(model)
+    config = EngineArgs(model=str(model), max_model_len=PROMPT_LEN + args.tokens + 8, max_num_seqs=args.rows,
+                        speculative_config={"method": "custom_class", "model": PROPOSER,
+                                            "num_speculative_tokens": BUDGET}).create_engine_config()
+    return SrtProposer(config)
+
+
+def config_eos(args: argparse.Namespace, stores: str) -> tuple:
+    """The eos ids a config-built proposer ends sequences at (the responses avoid them)."""
+    return tuple(config_proposer(args, tempfile.mkdtemp(dir=stores)).drafts.settings.eos_ids)
+
+
+def warm_config_proposer(args: argparse.Namespace, stores: str, work: Callable[[], Workload]) -> Any:
+    """`config_proposer` on the cache a first, untimed run of the same steps filled and closed."""
+    cache = tempfile.mkdtemp(dir=stores)
+    first, batch = config_proposer(args, cache), Batch(work(), args.rows, args.verify)
+    batch.offer(propose(first, batch, batch.catch_up()))
+    for _ in range(args.steps):
+        batch.offer(propose(first, batch, batch.step()))
+        batch.retire()
+    first.close()
+    return config_proposer(args, cache)
+
+
+def drafts_of(prop: Any) -> TreeDrafts | None:
+    """The `TreeDrafts` behind a proposer (itself, or a config-built `SrtProposer`'s)."""
+    return prop if isinstance(prop, TreeDrafts) else getattr(prop, "drafts", None)
+
+
+def propose(prop: Any, batch: Batch, sampled: list[list[int]]) -> list[list[int]]:
     if isinstance(prop, Arctic):
         return prop.propose(batch, sampled)
     return prop.propose(sampled, batch.num, batch.ids)
@@ -256,14 +308,24 @@ def warm_proposer(args: argparse.Namespace, stores: str, work: Callable[[], Work
 def run(args: argparse.Namespace, stores: str) -> dict:
     k = args.rows // args.prompts
     prompts = args.prompts + (args.steps * ADMIT) // k + 2
+    avoid = config_eos(args, stores) if args.from_config else ()
+
+    def work_of() -> Workload:
+        return Workload(args.seed, k, args.tokens, prompts, args.history, avoid)
+
     kinds: dict = {}
-    for name in ("srt", "srt-own", "srt-in-step", "srt-1-thread", "srt-warm", "arctic"):
+    for name in ("srt", "srt-own", "srt-in-step", "srt-1-thread", "srt-warm", "srt-config", "srt-config-warm", "arctic"):
         if (name == "srt-own" and not args.own_tree) or (name == "srt-in-step" and not args.in_step) \
-                or (name == "srt-1-thread" and not args.one_thread) or (name == "srt-warm" and not args.second_run):
+                or (name == "srt-1-thread" and not args.one_thread) or (name == "srt-warm" and not args.second_run) \
+                or (name.startswith("srt-config") and not args.from_config):
             continue
-        work = Workload(args.seed, k, args.tokens, prompts, args.history)
+        work = work_of()
         if name == "srt-warm":
-            prop = warm_proposer(args, stores, lambda: Workload(args.seed, k, args.tokens, prompts, args.history))
+            prop = warm_proposer(args, stores, work_of)
+        elif name == "srt-config":
+            prop = config_proposer(args, tempfile.mkdtemp(dir=stores))
+        elif name == "srt-config-warm":
+            prop = warm_config_proposer(args, stores, work_of)
         elif name == "arctic":
             try:
                 prop = Arctic(PROMPT_LEN + args.tokens + 8)
@@ -282,11 +344,12 @@ def run(args: argparse.Namespace, stores: str) -> dict:
     order = [(name, step) for step in range(args.steps) for name in kinds] if args.interleave else \
         [(name, step) for name in kinds for step in range(args.steps)]
     for name, (prop, batch) in kinds.items():  # untimed: the first rows' tokens so far go in
-        if isinstance(prop, TreeDrafts):  # and their prompts' stored trees, loaded in that step
-            prop.session.trees.load_steps, load_steps = 0, prop.session.trees.load_steps
+        drafts = drafts_of(prop)  # and their prompts' stored trees, loaded in that step
+        if drafts is not None:
+            drafts.session.trees.load_steps, load_steps = 0, drafts.session.trees.load_steps
         batch.offer(propose(prop, batch, batch.catch_up()))
-        if isinstance(prop, TreeDrafts):
-            prop.session.trees.load_steps = load_steps
+        if drafts is not None:
+            drafts.session.trees.load_steps = load_steps
     for name, _ in order:
         prop, batch = kinds[name]
         sampled = batch.step()
@@ -316,15 +379,15 @@ def report(args: argparse.Namespace, res: dict) -> None:
         + [f"run-wide tree rebuilt past {args.shared_max_tokens:,} tokens"] * (args.shared_max_tokens != SHARED_BOUND)
     print(f"proposer host cost: {args.rows} rows, {args.tokens}-token responses, {args.steps} steps, budget {BUDGET}, "
           + ", ".join(how))
-    print(f"{'':<12}{'us per row per step':^33}{'worst':>8}{'draft':>7}{'accepted':^18}")
-    print(f"{'proposer':<12}{'p50':>9}{'last quarter':>14}{'mean':>10}{'step ms':>10}{'len':>6}{'all':>8}"
+    print(f"{'':<16}{'us per row per step':^33}{'worst':>8}{'draft':>7}{'accepted':^18}")
+    print(f"{'proposer':<16}{'p50':>9}{'last quarter':>14}{'mean':>10}{'step ms':>10}{'len':>6}{'all':>8}"
           f"{'last quarter':>14}{'/arctic':>9}")
     last = args.steps - args.steps // 4
     figs = {n: (float(np.median(r["us"])), float(np.median(r["us"][last:]))) for n, r in res.items()}
     for name, r in res.items():
         ratio = f"{figs[name][0] / figs['arctic'][0]:.2f}x" if "arctic" in figs else "-"
         worst = max(r["us"]) * args.rows / 1e3
-        print(f"{name:<12}{figs[name][0]:>9.2f}{figs[name][1]:>14.2f}{np.mean(r['us']):>10.2f}{worst:>10.1f}"
+        print(f"{name:<16}{figs[name][0]:>9.2f}{figs[name][1]:>14.2f}{np.mean(r['us']):>10.2f}{worst:>10.1f}"
               f"{per_row(r, 'drafted'):>6.2f}{per_row(r, 'accepted'):>8.2f}{per_row(r, 'accepted', last):>14.2f}"
               f"{ratio:>9}")
 
@@ -354,6 +417,8 @@ def main() -> None:
     ap.add_argument("--one-thread", action="store_true", help="also srt on one thread (srt-1-thread)")
     ap.add_argument("--second-run", action="store_true",
                     help="also srt on the cache a first run of the same steps filled (srt-warm)")
+    ap.add_argument("--from-config", action="store_true",
+                    help="also SrtProposer built from a real VllmConfig, cold and warm (needs vLLM)")
     ap.add_argument("--shared-max-tokens", type=int, default=SHARED_BOUND,
                     help="the run-wide tree's bound, past which it is rebuilt from its newest sequences "
                          "(lower it to see a rebuild within a short run)")
