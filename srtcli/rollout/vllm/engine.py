@@ -8,7 +8,7 @@ of srtcli.rollout.vllm.proposer running inside vLLM's worker, the same path any 
 worker to read it (`collective_rpc("srt_reload")`, which returns the tokenizer fingerprint the
 worker computed, checked against the driver's), generates each rollout batch with
 `LLM.generate` (K requests per prompt), hands the groups to the driver, then calls
-`collective_rpc("srt_finish")` (the worker appends the batch's sequences to the sequence store
+`collective_rpc("srt_finish", ends)` with how each request ended (the worker finishes what it did not see of them, appends the batch's sequences to the sequence store
 and returns its counters) before the driver ticks the cache clock, as after every batch.
 
 vLLM verifies our drafts (no probabilities) as point masses, which is lossless in vLLM's design;
@@ -235,9 +235,20 @@ class VllmBackend:
             outs = {pair: r.outputs[0] for pair, r in zip(order, results)}
             for i in chunk:
                 yield FinishedGroup(i, [self.sample(pl.prompts[i], s, outs[i, s]) for s in range(k)])
-            if self.drafting:
-                add_counters(self.srt, self.llm.collective_rpc("srt_finish")[0])
+            self.finish_batch([(pl.uids[i], pl.prompts[i].ids + list(outs[i, s].token_ids)) for i, s in order])
             yield BatchEnd()
+
+    def finish_batch(self, requests: list[tuple[str, list[int]]]) -> None:
+        """The proposer's batch is over (`srt_finish`): it gets each request's (prompt uid,
+        tokens) as this driver got them, its last tokens only (enough to finish what the
+        proposer did not see of it: a step's tokens), and returns its counters."""
+        from srtcli.rollout.vllm.row_tracking import TAIL
+
+        if not self.drafting:
+            return
+        keep = TAIL + 4 * (self.config.budget + 1)
+        ends = [(uid, len(ids), ids[-keep:]) for uid, ids in requests]
+        add_counters(self.srt, self.llm.collective_rpc("srt_finish", args=(ends,))[0])
 
     def generate_turns(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
         """With tools: each rollout batch's trajectories turn by turn (`turns.TurnLoop`), each
@@ -252,17 +263,18 @@ class VllmBackend:
         index = {pl.uids[i]: i for i in pl.todo}
         groups = GroupCollector(k)
         for chunk in pl.chunks:
+            finished = []
             for seq in loop.run([Sequence(pl.prompts[i].ids, c.max_new_tokens, group=pl.uids[i],
                                           meta={"prompt_id": pl.prompts[i].id, "sample": s, "index": i * k + s})
                                  for i, s in admission_order(chunk, k, c.admission)]):
+                finished.append((seq.group, list(seq.tokens)))
                 self.generated += seq.generated
                 group = groups.add(seq)
                 if group is not None:
                     rewards = [self.hooks.finish(s) for s in group]
                     yield FinishedGroup(index[seq.group], [sample_of(s, self.tok, r, {"engine": "vllm"})
                                                            for s, r in zip(group, rewards)])
-            if self.drafting:
-                add_counters(self.srt, self.llm.collective_rpc("srt_finish")[0])
+            self.finish_batch(finished)
             yield BatchEnd()
 
     def sample(self, prompt: Any, index: int, c: Any) -> Sample:

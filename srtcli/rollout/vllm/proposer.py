@@ -150,12 +150,13 @@ class SrtWorkerExtension:
         p.request_ids = lambda: runner.input_batch.req_ids  # a driver's turns are named (row_tracking)
         return p.reload(path)
 
-    def srt_finish(self) -> dict[str, int]:
-        """A rollout batch is over: every sequence ends, what they wrote is appended, the clock
-        advances; the batch's counters."""
+    def srt_finish(self, ends: list | None = None) -> dict[str, int]:
+        """A rollout batch is over: every sequence ends (completed from `ends`, each request's
+        (prompt uid, length, last tokens) as the driver got it: `TreeDrafts.complete`), what they
+        wrote is appended, the clock advances; the batch's counters."""
         p = self._srt()
         if p is None:
             return {}
-        counters = p.drafts.finish()
+        counters = p.drafts.finish(ends)
         p.drafts.session.end_batch()
         return counters

@@ -78,6 +78,13 @@ def gather_tails(ids: np.ndarray, slots: np.ndarray, seen: np.ndarray) -> np.nda
     return flat[np.maximum(seen[:, None] - TAIL + np.arange(TAIL), 0) + np.reshape(slots * width, (-1, 1))]
 
 
+def tail_of(window: np.ndarray, start: int, seen: int) -> np.ndarray | None:
+    """The `TAIL` tokens before `seen` of a sequence whose tokens from `start` on are `window`,
+    as `gather_tails` takes them (positions clipped at 0); None if the window does not hold them."""
+    pos = np.maximum(seen - TAIL + np.arange(TAIL), 0) - start
+    return window[pos] if pos.min() >= 0 and seen - start <= len(window) else None
+
+
 def grown(seen: Any, done: Any, n: Any, k: Any) -> Any:
     """Whether a row `n` long that sampled `k` tokens is as long as a sequence `seen` long would
     be now: exactly what it had and those (a longer identical sibling, as greedy samples are, is

@@ -40,7 +40,8 @@ from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_lengths
 from srtcli.rollout.tree_session import COMMIT_EVERY, COMMIT_SECONDS, TreeSession
 from srtcli.rollout.vllm.commits import IDLE_GROUPS, StepClock
 from srtcli.rollout.vllm.counters import Counters
-from srtcli.rollout.vllm.row_tracking import PARK_STEPS, TAIL, TrackedSeq, gather_tails, grown, parse_turn_request
+from srtcli.rollout.vllm.row_tracking import (PARK_STEPS, TAIL, TrackedSeq, gather_tails, grown, parse_turn_request,
+                                              tail_of)
 from srtcli.rollout.vllm.settings import ProposerSettings
 
 
@@ -363,10 +364,45 @@ class TreeDrafts:
             self._end(s)
         seqs.clear()
 
-    def finish(self) -> dict[str, int]:
-        """End every sequence, append, return and reset the counters (the groups stay in
-        memory; a row after this is a new sequence)."""
+    def complete(self, ends: Sequence[tuple[str, int, Sequence[int]]]) -> None:
+        """Feed each sequence that is not done what its request ended with, as a driver got it:
+        (prompt uid, length, its last tokens) per request. vLLM does not always hand the
+        proposer a request's last step (a batch's final steps), so without this its stored copy
+        would miss the tokens of that step. A sequence is the request whose last tokens hold its
+        `TAIL` tokens at its length (each request taken once); it takes the rest up to eos or the
+        length cap."""
+        for j, s in enumerate(self.rows.values()):  # the rows' state back into their sequences
+            self._park(s, j)
+        by_uid: dict[str, list] = {}
+        for uid, n, last in ends:
+            by_uid.setdefault(uid, []).append((n - len(last), np.asarray(last, dtype=np.int64)))
+        for s in [*self.rows.values(), *self.away.values(), *self.trajectories.values()]:
+            if s.ended or s.done:
+                continue
+            candidates = by_uid.get(s.uid, [])
+            for k, (start, window) in enumerate(candidates):
+                tail = tail_of(window, start, s.seen)
+                if tail is not None and np.array_equal(tail, s.tail):
+                    self._take_rest(s, window[s.seen - start:].tolist())
+                    del candidates[k]
+                    break
+
+    def _take_rest(self, s: TrackedSeq, rest: list[int]) -> None:
+        """The tokens a sequence did not see, up to and including eos or its length cap."""
+        rest = rest[:max(s.plen + self.cap - s.seen, 0)]
+        eos = next((i for i, t in enumerate(rest) if t in set(self.eos_ids.tolist())), None)
+        rest = rest if eos is None else rest[:eos + 1]
+        for st in s.streams:
+            st.extend(rest)
+        s.seen, s.done = s.seen + len(rest), True
+
+    def finish(self, ends: Sequence[tuple[str, int, Sequence[int]]] | None = None) -> dict[str, int]:
+        """End every sequence (completed from `ends` first, where a driver passes them), append,
+        return and reset the counters (the groups stay in memory; a row after this is a new
+        sequence)."""
         with self.lock:
+            if ends:
+                self.complete(ends)
             self._end_all(self.rows)
             self._end_all(self.away)
             self._end_all(self.trajectories)

@@ -18,7 +18,7 @@ from srtcli.store_link import StoreLink
 from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_length
 from cache_store.store import TREE_DEPTH
 from srtcli.rollout.vllm.settings import ProposerSettings
-from srtcli.rollout.vllm.row_tracking import TAIL, gather_tails, parse_turn_request, turn_request_id
+from srtcli.rollout.vllm.row_tracking import TAIL, gather_tails, parse_turn_request, tail_of, turn_request_id
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from tests.srtcli.rollout.context_drafts import context_draft
 
@@ -296,6 +296,16 @@ def test_a_rows_tail_is_the_tokens_just_before_its_length(short):
         want = np.array([[ids[i, max(p, 0)] for p in range(n - TAIL, n)] for i, n in zip(slots, seen)])
         got = gather_tails(ids, slots, seen)
         assert got.dtype == ids.dtype and np.array_equal(got, want)
+
+
+def test_a_requests_last_tokens_give_the_same_tail_when_they_hold_it():
+    """`tail_of` (what a driver's batch end is matched by) on a sequence's last tokens agrees with
+    `gather_tails` on the whole row, and says None when the last tokens start too late."""
+    row = np.random.default_rng(1).integers(0, 1000, 3 * TAIL)
+    for seen, start in ((2 * TAIL, TAIL), (2 * TAIL, 0), (TAIL // 3, 0)):
+        want = gather_tails(row[None], np.zeros(1, np.int64), np.array([seen]))[0]
+        assert np.array_equal(tail_of(row[start:], start, seen), want)
+    assert tail_of(row[TAIL + 1:], TAIL + 1, 2 * TAIL) is None and tail_of(row[1:], 1, TAIL // 3) is None
 
 
 def test_a_drivers_turns_are_one_sequence_of_the_original_prompt(tmp_path):

@@ -285,3 +285,23 @@ def test_srt_rollout_refuses_a_worker_that_fingerprints_the_tokenizer_otherwise(
     with pytest.raises(SrtError) as e:
         check_fingerprint("tok1-a", "tok1-b", tmp_path)
     assert "cache uids would differ" in e.value.message and "\n" not in e.value.message
+
+
+def test_a_drivers_batch_end_finishes_what_the_proposer_never_saw_of_its_requests(tmp_path):
+    """vLLM does not always hand the proposer a request's last step: the driver's `srt_finish`
+    passes how each request ended, and its stored copy is whole (two identical requests are
+    each taken once; without the ends, the copies stop where the proposer last saw them)."""
+    for ends in (True, False):
+        path = tmp_path / f"c-{ends}"
+        with LmdbSequenceStore.open(path) as store:
+            d, b = drafts(store), Batch()
+            for row in (0, 1):
+                b.put(row, P)
+            for tok in (30, 31):  # both rows alike; then their last step goes unseen
+                for row in (0, 1):
+                    b.put(row, b.ids[row, : b.num[row]].tolist() + [tok])
+                b.step(d, [[tok], [tok]])
+            uid, whole = prompt_uid(P, FP), P + [30, 31, 32, 33, EOS, 0, 0]  # what vLLM kept past eos is not stored
+            d.finish([(uid, len(whole), whole)] * 2 if ends else None)  # short: its last tokens are all of it
+        want = [(7, 30, 31, 32, 33, EOS)] * 2 if ends else [(7, 30, 31)] * 2
+        assert stored(path)[uid] == want
