@@ -81,4 +81,5 @@ def vllm_counts(generated: int, srt: dict, vm: dict, budget: int) -> tuple[Count
         "srt_accepted_tokens": srt.get("accepted_tokens", 0),
         "srt_drafted_rows": srt.get("drafted_rows", 0),
         "srt_resumed_rows": srt.get("resumed_rows", 0),
+        "srt_commits": srt.get("commits", 0),
     }
