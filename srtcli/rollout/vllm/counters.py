@@ -26,7 +26,8 @@ class Counters:
     groups: int = 0  # groups loaded (filled in from the trees by `finish`)
     hits: int = 0
     resumed_rows: int = 0  # sequences that left the batch and came back as themselves
-    commits: int = 0
+    commits: int = 0  # appends to the store
+    idle_commits: int = 0  # commits when vLLM looked idle (a stalled step looks the same)
 
     def drafted(self, rows: int, lengths: np.ndarray) -> None:
         """A step drafted for `rows` rows; `lengths` holds every row's draft length (0 for the others)."""
@@ -82,4 +83,5 @@ def vllm_counts(generated: int, srt: dict, vm: dict, budget: int) -> tuple[Count
         "srt_drafted_rows": srt.get("drafted_rows", 0),
         "srt_resumed_rows": srt.get("resumed_rows", 0),
         "srt_commits": srt.get("commits", 0),
+        "srt_idle_commits": srt.get("idle_commits", 0),
     }

@@ -106,12 +106,17 @@ def on_cpu() -> bool:
     return bool(current_platform.is_cpu())
 
 
-def make_llm(config: RolloutConfig, model_dir: Path, ctx: int) -> Any:
-    """The vLLM engine for these options (SRT proposer, or vLLM's ngram or suffix, when drafting)."""
+def make_llm(config: RolloutConfig, model_dir: Path, ctx: int, proposer: str | None = None,
+             **engine_args: Any) -> Any:
+    """The vLLM engine for these options (SRT proposer, or vLLM's ngram or suffix, when drafting);
+    `proposer` names a subclass of `SrtProposer` to draft with instead, `engine_args` go to
+    `vllm.LLM` as they are (e.g. `num_gpu_blocks_override`)."""
     vllm = import_vllm()
     c, spec = config, None
     if c.draft == "srt" and c.budget > 0:
         spec = speculative_config(c.budget)
+        if proposer is not None:
+            spec["model"] = proposer
     elif c.draft == "ngram" and c.budget > 0:
         spec = {"method": "ngram", "num_speculative_tokens": c.budget,
                 "prompt_lookup_min": NGRAM_MIN, "prompt_lookup_max": NGRAM_MAX}
@@ -122,7 +127,7 @@ def make_llm(config: RolloutConfig, model_dir: Path, ctx: int) -> Any:
                     gpu_memory_utilization=c.gpu_memory_utilization or (0.1 if on_cpu() else 0.9),
                     max_num_seqs=c.batch_size, enforce_eager=True, disable_log_stats=False, enable_prefix_caching=True,
                     logprobs_mode="processed_logprobs", speculative_config=spec,
-                    worker_extension_cls=EXTENSION)
+                    worker_extension_cls=EXTENSION, **engine_args)
 
 
 def check_suffix(config: RolloutConfig) -> None:

@@ -213,8 +213,8 @@ class TreeDrafts:
 
     def _left(self, s: TrackedSeq) -> None:
         """A sequence left the batch (finished, preempted or skipped: it may come back); ends in
-        `PARK_STEPS`, or for a driver's trajectory (between turns) at `finish`. One an idle commit
-        ended early is still parked: if its row comes back it goes on as itself."""
+        `PARK_STEPS` (or at `finish`), a driver's trajectory (between turns) at `finish`. One an
+        idle commit ended early is parked too: if its row comes back it goes on as itself."""
         if s.ended and not s.early:
             return
         if s.trajectory is not None:
@@ -299,6 +299,10 @@ class TreeDrafts:
         threads = self.threads if int((ends - b.seen).sum()) >= THREAD_TOKENS else 1
         fed, accepted = (np.array(x, dtype=np.int64) for x in feed_many(
             b.cores, ids, b.slots, b.seen, ends, b.plen + self.cap, self.eos_ids, b.drafts, threads))
+        # vLLM samples one token past what it accepts of a verified draft, so a draft that predicted
+        # every new token was cut (to the step's token budget) or dropped (a preempted row is
+        # recomputed): vLLM accepted one fewer
+        accepted = np.minimum(accepted, np.maximum(ends - b.seen - 1, 0))
         b.verified = fresh & (b.drafted > 0)  # its draft's verdict: kept drafts come first in the new tokens
         self.c.accepted_tokens += int(accepted[b.verified].sum())
         if self.settings.adaptive:
@@ -346,17 +350,23 @@ class TreeDrafts:
 
     def commit_if_idle(self, seconds: float | None = None) -> None:
         """When vLLM is idle (`StepClock.idle`, `seconds` default commit_seconds) nothing runs:
-        every sequence has ended, whether its row has been seen to leave or not. End them all and
-        append. A step that only stalled looks the same, so each stays tracked: a row that does
-        step again, or comes back after vLLM skipped it, drafts on as the same sequence (never a
-        second copy of its tokens); only its stored copy stops here."""
+        the rows of its last step have ended, whether a step showed it or not (vLLM does not
+        always hand over a batch's final step), and so have those out of the batch (a server's
+        finished requests whose last step vLLM never handed over). End them all and append. A
+        step that only stalled looks the same, so each stays tracked or parked: a row that steps
+        again, or comes back after vLLM preempted or skipped it, drafts on as the same sequence
+        (never a second copy of its tokens); only its stored copy stops here."""
         with self.lock:
             idle = self.clock.idle(self.session.commit_seconds if seconds is None else seconds)
-            if idle and (self.rows or self.away or self.session.waiting):
-                live = [s for s in self.rows.values() if s.trajectory is None]  # trajectories may wait for a tool
-                for s in live + list(self.away.values()):
-                    s.early = s.early or not (s.ended or s.done)
-                    self._end(s)
+            if not idle:
+                return
+            live = [*self.rows.values(), *self.away.values()]
+            stopped = [s for s in live if s.trajectory is None and not s.ended]  # a trajectory may wait for a tool
+            for s in stopped:
+                s.early = True
+                self._end(s)
+            if stopped or self.session.waiting:
+                self.c.idle_commits += 1
                 self.flush()
 
     def _end_all(self, seqs: dict) -> None:

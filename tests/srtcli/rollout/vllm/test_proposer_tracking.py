@@ -83,6 +83,7 @@ class WholeRowTracking(TreeDrafts):
             a = 0
             while a < min(len(new), len(s.last_draft)) and new[a] == s.last_draft[a]:
                 a += 1
+            a = min(a, len(new) - 1)  # vLLM samples one token past what it accepts
             self.c.accepted_tokens += a
             s.spec_len = next_draft_length(s.spec_len, self.budget, len(s.last_draft), a)
             s.last_draft = []
