@@ -3,11 +3,11 @@
 The driver plans the run (srtcli.rollout.plan: cache keys, reward, what a resumed pool still
 needs), opens the run's tree session (`srtcli.rollout.tree_session.TreeSession`: the prompts'
 trees and the cache they load from and are stored in) where the backend drafts in this process,
-and the pool; then it takes what the backend's `generate` yields: each finished group it
+and the pool; then, inside the backend's `running` block, it takes what the backend yields: each finished group it
 writes (a reward per sample, one pool step per model turn, then a flush: a killed run leaves
 whole groups), each batch end it passes to the session (what the batch wrote is appended, then
-the clock advances). It shows progress, closes the backend and the session (neither needs the
-other to close) and builds the summary. Backends: `srtcli.rollout.embedded.EmbeddedBackend`
+the clock advances). It shows progress; the block's end releases what the backend took for the
+run, and the session closes on its own (neither needs the other to close); then the summary. Backends: `srtcli.rollout.embedded.EmbeddedBackend`
 (srt's own engine, drafting from the driver's session) and `srtcli.rollout.vllm.engine.VllmBackend`
 (vLLM's offline API, whose proposer keeps its session in vLLM's worker).
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol
+from typing import Any, ContextManager, Iterator, Protocol
 
 from srtcli.progress import Bar, progress
 from srtcli.rollout.config import RolloutConfig
@@ -59,8 +59,9 @@ class GroupWriter:
 
 
 class Backend(Protocol):
-    """An engine behind the driver, called in this order (`close` and `shutdown` always).
-    `drafts_here`: its drafter runs in this process, from the driver's tree session."""
+    """An engine behind the driver: `load`, `check`, then `running` for the generation, then
+    `report`; `shutdown` always. `drafts_here`: its drafter runs in this process, from the
+    driver's tree session."""
 
     drafts_here: bool
 
@@ -70,14 +71,10 @@ class Backend(Protocol):
     def check(self, pl: Plan) -> None:
         """What must fail before the cache is opened (the plan is known now)."""
 
-    def start(self, pl: Plan, session: TreeSession | None) -> None:
-        """Ready to generate (`session`: the driver's, where the backend drafts here)."""
-
-    def generate(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
-        """Every batch of `pl.chunks` in order: each group as it finishes, then the batch's end."""
-
-    def close(self) -> None:
-        """The pool is closed: release what `start` took."""
+    def running(self, pl: Plan, session: TreeSession | None) -> ContextManager[Iterator[FinishedGroup | BatchEnd]]:
+        """Ready to generate (`session`: the driver's, where the backend drafts here), for the
+        length of a with-block: every batch of `pl.chunks` in order, each group as it finishes,
+        then the batch's end. What the run took is released when the block ends."""
 
     def report(self, run: Run) -> tuple[Counts, dict]:
         """The counts, and the engine's own summary keys."""
@@ -103,11 +100,10 @@ def _generate(config: RolloutConfig, backend: Backend, pl: Plan) -> dict[str, An
         session = TreeSession.open(config.cache_opt, spill_dir=pl.out.parent, shared=config.shared_tree,
                                    load_tokens=config.load_tokens)
     try:
-        backend.start(pl, session)
-        t0, c0 = time.perf_counter(), time.process_time()
-        rewards = _write(config, backend, pl, session)
+        with backend.running(pl, session) as events:
+            t0, c0 = time.perf_counter(), time.process_time()
+            rewards = _write(config, events, pl, session)
     finally:
-        backend.close()
         if session is not None:
             session.close()
     run = Run(time.perf_counter() - t0, time.process_time() - c0, rewards, len(pl.prompts), len(pl.skip))
@@ -115,15 +111,16 @@ def _generate(config: RolloutConfig, backend: Backend, pl: Plan) -> dict[str, An
     return summary(config, run, counts, pl.out, engine_keys)
 
 
-def _write(config: RolloutConfig, backend: Backend, pl: Plan, session: TreeSession | None) -> list[float]:
-    """Generate into the pool; the rewards of the trajectories written."""
+def _write(config: RolloutConfig, events: Iterator[FinishedGroup | BatchEnd], pl: Plan,
+           session: TreeSession | None) -> list[float]:
+    """The backend's events into the pool; the rewards of the trajectories written."""
     from srtcli.pool import PoolWriter
 
     writer = PoolWriter(pl.out, resume=config.resume, fsync_every=1 << 30)
     try:
         with progress("rollout (prompts)", total=len(pl.todo)) as bar:
             groups = GroupWriter(writer, pl, config.k, bar, config.temperature)
-            for event in backend.generate(pl):
+            for event in events:
                 if isinstance(event, FinishedGroup):
                     groups.group(event.index, event.samples)
                 elif session is not None:

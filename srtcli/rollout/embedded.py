@@ -8,6 +8,7 @@ engine's thread (srtcli.rollout.agent).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 from srtcli.errors import SrtError
@@ -110,7 +111,18 @@ class EmbeddedBackend:
         self.max_len = min(self.ctx, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + room)
         check_kv_fits(self.model, self.slots, self.max_len)  # before the cache dir is opened
 
-    def start(self, pl: Plan, session: Any) -> None:
+    @contextmanager
+    def running(self, pl: Plan, session: Any) -> Iterator[Iterator[FinishedGroup | BatchEnd]]:
+        try:
+            self._start(pl, session)
+            yield self._events(pl)
+        finally:
+            if self.hooks is not None:
+                self.hooks.close()
+            if self.drafter is not None:
+                self.drafter.close()
+
+    def _start(self, pl: Plan, session: Any) -> None:
         from srtcli.rollout.engine.sampling import SamplingParams
         from srtcli.rollout.model_facts import eos_ids
 
@@ -124,7 +136,7 @@ class EmbeddedBackend:
                                   max_len=self.max_len, eos_ids=set(eos), seed=c.seed, draft_length=c.draft_length,
                                   tail_nodes=c.tail_trees(self.device_type, model.config._attn_implementation))
 
-    def generate(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
+    def _events(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
         from srtcli.rollout.runahead import RunAhead, run_batches
 
         c = self.config
@@ -142,12 +154,6 @@ class EmbeddedBackend:
             rewards = [self.hooks.finish(s) if self.hooks else None for s in group]
             yield FinishedGroup(index[seq.group], [sample_of(s, self.tok, r) for s, r in zip(group, rewards)])
             self.drafter.group_done(seq.group)
-
-    def close(self) -> None:
-        if self.hooks is not None:
-            self.hooks.close()
-        if self.drafter is not None:
-            self.drafter.close()
 
     def report(self, run: Run) -> tuple[Counts, dict]:
         st, ds = self.engine.stats, self.drafter.stats()

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -197,7 +198,18 @@ class VllmBackend:
         room = self.agent.room(ToolOptions.of(c)) if self.agent else 64
         self.max_len = min(self.max_len, max(len(p.ids) for p in pl.prompts) + c.max_new_tokens + room)
 
-    def start(self, pl: Plan, session: Any) -> None:
+    @contextmanager
+    def running(self, pl: Plan, session: Any) -> Iterator[Iterator[FinishedGroup | BatchEnd]]:
+        try:
+            self._start(pl)
+            yield self._turns(pl) if self.hooks is not None else self._batches(pl)
+        finally:
+            if self.hooks is not None:
+                self.hooks.close()
+            if self.tmp is not None:
+                self.tmp.cleanup()
+
+    def _start(self, pl: Plan) -> None:
         from srtcli.rollout.vllm.settings import ProposerSettings, write_settings
         from srtcli.store_link import cache_location, open_sequence_store
         from srtcli.tokenizers import tokenizer_fingerprint
@@ -226,10 +238,7 @@ class VllmBackend:
         if self.agent is not None:
             self.hooks = self.agent.hooks(self.tok, ToolOptions.of(c), {p.id: p.record for p in pl.prompts}, self.eos)
 
-    def generate(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
-        if self.hooks is not None:
-            yield from self.generate_turns(pl)
-            return
+    def _batches(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
         c, k = self.config, self.config.k
         for chunk in pl.chunks:
             # K requests of n=1 per prompt (vLLM refuses n > 1 for greedy requests), queued in
@@ -255,7 +264,7 @@ class VllmBackend:
         ends = [(uid, len(ids), ids[-keep:]) for uid, ids in requests]
         add_counters(self.srt, self.llm.collective_rpc("srt_finish", args=(ends,))[0])
 
-    def generate_turns(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
+    def _turns(self, pl: Plan) -> Iterator[FinishedGroup | BatchEnd]:
         """With tools: each rollout batch's trajectories turn by turn (`turns.TurnLoop`), each
         group handed over, rewarded by its environment where it has one, as it completes."""
         from srtcli.rollout.engine.sequence import Sequence
@@ -291,12 +300,6 @@ class VllmBackend:
         n = len(prompt.ids)
         return Sample(index, prompt.ids + ids, [0.0] * n + lps, [(n, n + len(ids))], c.finish_reason or "length",
                       c.text, {"engine": "vllm"})
-
-    def close(self) -> None:
-        if self.hooks is not None:
-            self.hooks.close()
-        if self.tmp is not None:
-            self.tmp.cleanup()
 
     def report(self, run: Run) -> tuple[Counts, dict]:
         after = spec_metrics(self.llm)
