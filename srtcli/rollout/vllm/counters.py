@@ -35,6 +35,12 @@ class Counters:
         self.drafted_rows += int(np.count_nonzero(lengths))
         self.drafted_tokens += int(lengths.sum())
 
+    def take(self) -> dict[str, int]:
+        """The counts so far, and start again from zero (the object stays: the tracker counts into it too)."""
+        out = dict(self.__dict__)
+        self.__init__()
+        return out
+
 
 def spec_metrics(llm: Any) -> dict[str, float]:
     """vLLM's own cumulative speculative-decoding counters (`vllm:spec_decode_*`)."""

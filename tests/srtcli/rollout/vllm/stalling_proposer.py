@@ -25,9 +25,9 @@ class StallingProposer(SrtProposer):
 
     def propose(self, *args: Any, **kwargs: Any) -> list[list[int]]:
         d = self.drafts
-        if d.step + 1 == self.stall_step:  # `srt_reload` starts each rollout at step 0
-            live = sum(not s.ended for s in d.rows.values())
-            away = sum(not (s.ended or s.done) for s in d.away.values())
+        if d.tracker.step + 1 == self.stall_step:  # `srt_reload` starts each rollout at step 0
+            live = sum(not s.ended for s in d.tracker.rows.values())
+            away = sum(not (s.ended or s.done) for s in d.tracker.away.values())
             with open(self.log, "a") as f:
                 f.write(f"{live} {away}\n")
             time.sleep(self.stall_seconds)

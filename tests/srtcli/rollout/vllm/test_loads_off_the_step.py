@@ -31,7 +31,7 @@ class Recording(TreeDrafts):
 
     def propose(self, sampled, num, ids):
         out = super().propose(sampled, num, ids)
-        self.first.append({i for i, s in self.rows.items() if any(s.group is g for g in self.session.trees.loading)})
+        self.first.append({i for i, s in self.tracker.rows.items() if any(s.group is g for g in self.session.trees.loading)})
         return out
 
 

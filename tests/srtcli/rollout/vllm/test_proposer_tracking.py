@@ -18,7 +18,8 @@ from srtcli.store_link import StoreLink
 from srtcli.rollout.drafters.draft_length import in_the_tail, next_draft_length
 from cache_store.store import TREE_DEPTH
 from srtcli.rollout.vllm.settings import ProposerSettings
-from srtcli.rollout.vllm.row_tracking import TAIL, gather_tails, parse_turn_request, tail_of, turn_request_id
+from srtcli.rollout.vllm.row_tracking import (TAIL, RowTracker, gather_tails, parse_turn_request, tail_of,
+                                              turn_request_id)
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 from tests.srtcli.rollout.context_drafts import context_draft
 
@@ -27,28 +28,25 @@ PROMPTS = {prompt_uid(p, FP): p for p in ([5, 6, 7], [5, 6, 7, 8, 9], [11, 12], 
 OTHER = [99, 98, 97]  # a few more requests, one sample each
 
 
-class WholeRowTracking(TreeDrafts):
-    """The reference: a row continues a sequence if it starts with every token the sequence
-    had (the whole row compared every step, the history concatenated); rows are fed and drafted
-    one at a time in Python, drafts looked up from the row's last tokens in the group's tree
-    and the run-wide tree."""
+class WholeRowTracker(RowTracker):
+    """The reference tracker: a row continues a sequence if it starts with every token the
+    sequence had (the whole row compared every step, the history concatenated)."""
 
     def _new_seq(self, row, plen):
         s = super()._new_seq(row, plen)
         s.hist = np.array(row[:plen], dtype=np.int64)  # every token of the row seen so far
         return s
 
-    def _seen(self, s) -> np.ndarray:
-        return s.hist
-
     def _continues(self, s, row, n, k) -> bool:
-        m = len(self._seen(s))  # exactly what it had and this step's k tokens (a done one: at least)
-        return (n >= m if s.done else n - k == m) and np.array_equal(row[:m], self._seen(s))
+        m = len(s.hist)  # exactly what it had and this step's k tokens (a done one: at least)
+        return (n >= m if s.done else n - k == m) and np.array_equal(row[:m], s.hist)
 
     def _moved(self, free, row, n, k):
         return next((s for s in free.values() if self._continues(s, row, n, k)), None)
 
-    def _track(self, sampled, num, ids):
+    def track(self, sampled, num, ids):
+        self.step += 1
+        self.row_names = list(self.request_ids()) if self.request_ids is not None else None
         prev, cur = self.rows, {}
         free = {id(s): s for s in prev.values()}
         for i in range(len(sampled)):
@@ -62,20 +60,29 @@ class WholeRowTracking(TreeDrafts):
             cur[i] = self._arrived(free, ids[i], int(num[i]), int(sampled[i]), i)
         for s in free.values():
             self._left(s)
-        return cur, None
+        self.rows = cur
+        return None
+
+
+class WholeRowTracking(TreeDrafts):
+    """The reference: rows tracked by `WholeRowTracker`, fed and drafted one at a time in
+    Python, drafts looked up from the row's last tokens in the group's tree and the run-wide
+    tree."""
+
+    tracker_type = WholeRowTracker
 
     def _step(self, out, sampled, num, ids, src):
         """One row at a time in Python: every row's new tokens, then every row's draft."""
-        for i, s in self.rows.items():
+        rows = self.tracker.rows
+        for i, s in rows.items():
             self._feed(s, ids[i], int(num[i]))
         tail = in_the_tail(len(sampled), self.max_num_seqs)
-        for i, s in self.rows.items():
+        for i, s in rows.items():
             if sampled[i] and not s.done:
                 out[i] = s.last_draft = self._draft(s, ids[i], int(num[i]), tail)
-        return np.zeros((3, 0), dtype=np.int64)
 
     def _feed(self, s, row, n) -> None:
-        seen = self._seen(s)
+        seen = s.hist
         if n <= len(seen) or s.done:
             return
         new = row[len(seen):n].tolist()
@@ -93,15 +100,15 @@ class WholeRowTracking(TreeDrafts):
 
     def _take(self, s, new) -> None:
         """Up to and including eos or `max_new_tokens`; the sequence ends there."""
-        left = self.cap - (len(self._seen(s)) - s.plen)
+        left = self.cap - (len(s.hist) - s.plen)
         keep = new[:max(left, 0)]
         if EOS in keep:
             keep = keep[: keep.index(EOS) + 1]
         for st in s.streams:
             st.extend(keep)
-        if len(keep) < len(new) or (keep and keep[-1] == EOS) or len(self._seen(s)) - s.plen + len(keep) >= self.cap:
+        if len(keep) < len(new) or (keep and keep[-1] == EOS) or len(s.hist) - s.plen + len(keep) >= self.cap:
             s.done = True
-            self._end(s)
+            self.tracker.end(s)
 
     def _draft(self, s, row, n, tail):
         self.c.rows += 1
@@ -235,11 +242,11 @@ def test_a_row_whose_tokens_before_its_length_changed_is_not_taken_for_the_same_
     ids = np.zeros((1, WIDTH), dtype=np.int64)
     ids[0, : len(p) + 3] = p + [20, 21, 22]
     d.propose([[20, 21, 22]], np.array([len(p) + 3]), ids)
-    first = d.rows[0]
+    first = d.tracker.rows[0]
     ids[0, len(p) + 1] = 25  # another sequence of the prompt, as long, now in the row
     ids[0, len(p) + 3] = 23
     d.propose([[25, 22, 23]], np.array([len(p) + 4]), ids)
-    assert d.rows[0] is not first and first in d.away.values()  # out of the batch: it may come back
+    assert d.tracker.rows[0] is not first and first in d.tracker.away.values()  # out of the batch: it may come back
     d.finish()
     assert first.ended
 
@@ -264,10 +271,11 @@ def test_identical_samples_that_trade_rows_are_each_still_themselves():
     step([0, 1], [0, 0])
     for _ in range(4):
         step([0, 1], [1, 5])  # the second sample runs ahead of the first
-    a, b = d.rows[0], d.rows[1]
+    t = d.tracker
+    a, b = t.rows[0], t.rows[1]
     step([1, 0], [1, 1])  # vLLM reorders its batch: they trade rows
-    assert d.rows[0] is b and d.rows[1] is a and d.seen.tolist() == [n[1], n[0]]  # row state, in row order
-    assert d.session.waiting == 0 and d.away == {}  # no sequence left, none started anew
+    assert t.rows[0] is b and t.rows[1] is a and t.last.seen.tolist() == [n[1], n[0]]  # row state, in row order
+    assert d.session.waiting == 0 and t.away == {}  # no sequence left, none started anew
 
 
 def test_rows_after_a_finished_batch_are_new_sequences_of_the_next():
@@ -277,10 +285,10 @@ def test_rows_after_a_finished_batch_are_new_sequences_of_the_next():
     ids[:, : len(p) + 2] = p + [20, 21]
     d.propose([[20, 21], [20, 21]], np.array([len(p) + 2] * 2), ids)
     first = d.finish()
-    assert first["rows"] == 2 and d.rows == {}
+    assert first["rows"] == 2 and d.tracker.rows == {}
     ids[0, len(p) + 2] = 22  # the next generate: the same prompt in row 0, one row
     d.propose([[20, 21, 22]], np.array([len(p) + 3]), ids)
-    assert d.seen.tolist() == [len(p) + 3] and not d.rows[0].ended and d.c.rows == 1
+    assert d.tracker.last.seen.tolist() == [len(p) + 3] and not d.tracker.rows[0].ended and d.c.rows == 1
 
 
 @pytest.mark.parametrize("short", [False, True], ids=["every-row-past-the-tail", "a-row-shorter"])

@@ -25,6 +25,7 @@ from srtcli.rollout.config import RolloutConfig
 from srtcli.rollout.vllm.engine import check_model, refusal
 from cache_store.store import TREE_DEPTH
 from srtcli.rollout.vllm.settings import ProposerSettings, read_settings, write_settings
+from srtcli.rollout.vllm.row_tracking import RowTracker
 from srtcli.rollout.vllm.tree_drafts import TreeDrafts
 
 EOS = 2
@@ -107,11 +108,15 @@ def stored(store: LmdbSequenceStore) -> dict[str, list[tuple[int, ...]]]:
     return {u: sorted(tuple(x.tokens) for x in store.read(u)) for u in PROMPTS}
 
 
-class NoMoveTracking(TreeDrafts):
+class NoMoveTracker(RowTracker):
     """Deliberately wrong: a row whose sequence moved is taken for a new sequence."""
 
     def _moved(self, free, row, n, k):
         return None
+
+
+class NoMoveTracking(TreeDrafts):
+    tracker_type = NoMoveTracker
 
 
 def _settings(cache: Path | None, **kw) -> ProposerSettings:
@@ -173,8 +178,8 @@ def test_a_rows_prompt_is_what_it_held_before_its_first_sampled_tokens(tmp_path)
     ids[2, :4] = [5, 6, 7, 22]  # prompt a
     ids[3, :5] = [5, 6, 7, 22, 23]  # prompt a again, first seen with two kept tokens
     d.propose([[20], [21], [22], [22, 23]], np.array([4, 6, 4, 5]), ids)
-    assert [d.rows[i].uid for i in range(4)] == [prompt_uid([99, 98, 97], FP), UID_B, UID_A, UID_A]
-    assert d.rows[2].group is d.rows[3].group  # one prompt, one tree
+    assert [d.tracker.rows[i].uid for i in range(4)] == [prompt_uid([99, 98, 97], FP), UID_B, UID_A, UID_A]
+    assert d.tracker.rows[2].group is d.tracker.rows[3].group  # one prompt, one tree
     assert TREE_DEPTH == 64
 
 

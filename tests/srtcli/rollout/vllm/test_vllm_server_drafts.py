@@ -89,8 +89,8 @@ def test_a_request_out_of_the_batch_comes_back_as_itself_and_a_longer_row_is_a_n
         b.put(0, P + [30, 31, 50, 51, 52])  # the next chat turn: starts with it, holds more
         b.put(1, P + [30, 31, 32])  # back, recomputed, with one more token
         b.step(d, [[52], [32]])
-        assert d.rows[0].uid == prompt_uid(P + [30, 31, 50, 51], FP)
-        assert d.c.resumed_rows == 1 and d.rows[1].uid == prompt_uid(P, FP)
+        assert d.tracker.rows[0].uid == prompt_uid(P + [30, 31, 50, 51], FP)
+        assert d.c.resumed_rows == 1 and d.tracker.rows[1].uid == prompt_uid(P, FP)
         d.finish()
     assert stored(tmp_path / "c")[prompt_uid(P, FP)] == [(7, 30, 31, 32)]  # one sequence, not two
 
@@ -108,7 +108,7 @@ def test_a_request_back_after_an_idle_commit_goes_on_as_itself(tmp_path):
         assert stored(tmp_path / "c")[prompt_uid(P, FP)] == [(7, 30, 31)]
         b.put(1, P + [30, 31, 32])  # back, with one more token
         b.step(d, [[40], [32]])
-        assert d.c.resumed_rows == 1 and d.rows[1].uid == prompt_uid(P, FP)
+        assert d.c.resumed_rows == 1 and d.tracker.rows[1].uid == prompt_uid(P, FP)
         assert d.session.trees.groups[prompt_uid(P, FP)].tree.sequences == 1
         d.finish()
     assert prompt_uid(P + [30, 31], FP) not in stored(tmp_path / "c")
@@ -118,16 +118,16 @@ def test_a_request_back_after_an_idle_commit_goes_on_as_itself(tmp_path):
 def test_a_request_away_for_longer_than_park_steps_is_ended_and_returns_as_a_new_prompt(tmp_path):
     d, b = drafts(), Batch()
     generate(b, d, 0, P, [30, 31])
-    first = d.rows[0]
+    first = d.tracker.rows[0]
     for _ in range(row_tracking.PARK_STEPS + 1):  # it left at the first of these steps
         b.put(0, Q + [40])
         b.step(d, [[]])  # another request prefilling there
     assert not first.ended  # still PARK_STEPS steps away: it could come back
     b.step(d, [[]])
-    assert first.ended and not d.away
+    assert first.ended and not d.tracker.away
     b.put(0, P + [30, 31, 32])
     b.step(d, [[32]])
-    assert d.c.resumed_rows == 0 and d.rows[0].uid == prompt_uid(P + [30, 31], FP)
+    assert d.c.resumed_rows == 0 and d.tracker.rows[0].uid == prompt_uid(P + [30, 31], FP)
 
 
 def test_sequences_are_committed_in_batches_as_they_end_without_a_finish(tmp_path):
@@ -162,10 +162,10 @@ def test_idle_means_longer_without_a_step_when_vllms_steps_are_slow(tmp_path):
         assert d.clock.idle_after(0.01) >= 0.15
         time.sleep(0.02)
         d.commit_if_idle()  # 20 ms after a step, but its steps take 50: not idle
-        assert not d.rows[0].ended
+        assert not d.tracker.rows[0].ended
         time.sleep(d.clock.idle_after(0.01))
         d.commit_if_idle()
-        assert d.rows[0].ended and stored(tmp_path / "c") == {prompt_uid(P, FP): [(7, 30, 31, 32)]}
+        assert d.tracker.rows[0].ended and stored(tmp_path / "c") == {prompt_uid(P, FP): [(7, 30, 31, 32)]}
 
 
 def test_a_prompt_back_after_its_tree_left_memory_has_its_sequences_appended_first_and_loads_as_a_hit(tmp_path):
