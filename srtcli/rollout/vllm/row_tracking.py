@@ -145,8 +145,8 @@ class StepRows:
 class RowTracker:
     """Which sequence each row of vLLM's batch holds (`rows`, row -> sequence), the sequences
     out of the batch that may come back (`away`) and a driver's trajectories between turns, with
-    their sequences started and ended in `session` (counted in `counters`). `request_ids` gives the batch's request ids
-    in row order (a driver's turns are named), or is None."""
+    their sequences started and ended in `session` (counted in `counters`). `request_ids` gives
+    the batch's request ids in row order (a driver's turns are named), or is None."""
 
     def __init__(self, session: TreeSession, fingerprint: str, counters: Counters,
                  request_ids: Callable[[], Sequence[str]] | None = None):

@@ -176,7 +176,8 @@ class TreeDrafts:
             idle = self.clock.idle(self.session.commit_seconds if seconds is None else seconds)
             if not idle:
                 return
-            stopped = [s for s in self.tracker.live() if s.trajectory is None and not s.ended]  # a trajectory may wait for a tool
+            # a trajectory between turns may be waiting for a tool
+            stopped = [s for s in self.tracker.live() if s.trajectory is None and not s.ended]
             for s in stopped:
                 s.early = True
                 self.tracker.end(s)

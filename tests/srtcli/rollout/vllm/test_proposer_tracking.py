@@ -44,9 +44,7 @@ class WholeRowTracker(RowTracker):
     def _moved(self, free, row, n, k):
         return next((s for s in free.values() if self._continues(s, row, n, k)), None)
 
-    def track(self, sampled, num, ids):
-        self.step += 1
-        self.row_names = list(self.request_ids()) if self.request_ids is not None else None
+    def _match(self, sampled, num, ids):
         prev, cur = self.rows, {}
         free = {id(s): s for s in prev.values()}
         for i in range(len(sampled)):
@@ -60,8 +58,7 @@ class WholeRowTracker(RowTracker):
             cur[i] = self._arrived(free, ids[i], int(num[i]), int(sampled[i]), i)
         for s in free.values():
             self._left(s)
-        self.rows = cur
-        return None
+        return cur, None
 
 
 class WholeRowTracking(TreeDrafts):
