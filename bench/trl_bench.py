@@ -9,9 +9,9 @@ printed per epoch (mean per step) with the ratio trl / srt, for two workloads:
 
     bundled  the bundled model on the arith prompts, no tools (TRL cannot parse its <calc> tags)
     agent    examples/agent/model with the calculator: srt's tool loop against TRL's own
-    smollm2  the real model, SmolLM2-135M-Instruct (examples/smollm2/prepare.py), on the prompts
-             of its workload it sometimes solves, the math_answer reward, no tools; run it with
-             the real model's settings: --lr 3e-5 --temperature 0.6 --max-completion-length 256 (and small
+    smollm2  the real model, SmolLM2-135M-Instruct (examples/smollm2/prepare.py), on the RL loop's small
+             problems (examples/smollm2/rl_prompts.jsonl), the math_answer reward, no tools; run it with
+             the real model's settings: --lr 3e-5 --temperature 0.6 --max-completion-length 64 (and small
              --prompts/--per-step/--k: on this CPU a step of 4 prompts x 4 takes about a minute)
 
 Targets (epoch 3, K = 8): generation >= 1.5x faster, forward tokens <= 0.5x, step >= 1.4x faster.

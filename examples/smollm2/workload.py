@@ -16,27 +16,31 @@ group now and then.
     srt rollout --prompts examples/smollm2/prompts.jsonl --model models/smollm2 \\
         --reward math_answer --max-new-tokens 256
 
-`--select POOL PROMPTS OUT` keeps the prompts of PROMPTS of which some sample in the screening
-rollout POOL earned a reward: the prompts the model sometimes solves, where a GRPO group can
-have rewards of 0 and 1. examples/smollm2/rl_loop.sh trains on rl_prompts.jsonl, made as below,
-and evaluates on rl_eval.jsonl, made the same way from eval.jsonl (the cost rule's draft
-lengths follow timings, so a rerun draws other samples and may keep other prompts):
+The RL loop (examples/rl_loop.sh) needs prompts the model solves a fair part of the time: GRPO
+learns only from groups whose rewards differ. On the arith problems it solves about 3% of its
+samples at temperature 0.6, so most groups hold one reward and a run barely moves. `--rl` writes
+rl_prompts.jsonl (48 training prompts) and rl_eval.jsonl (32 held back, none of the training
+problems) from one-step problems with small numbers (add to at most 20 + 9, take away from at
+most 20, multiply at most 5 x 5) and an instruction to reply with the number, which the model
+answers right about a fifth of the time at temperature 0.6, on about half the prompts at least
+once in four samples:
 
-    srt rollout --prompts examples/smollm2/prompts.jsonl --model models/smollm2 -n 4 \
-        --reward math_answer --max-new-tokens 256 --temperature 0.6 --seed 7 --out screen
-    python examples/smollm2/workload.py --select screen examples/smollm2/prompts.jsonl \
-        examples/smollm2/rl_prompts.jsonl
+    python examples/smollm2/workload.py --rl
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ARITH = HERE.parent / "arith"
+sys.path.insert(0, str(ARITH))
+from arith_data import BOXES, ITEMS, NAMES  # noqa: E402
+
 # no example answer in the instruction: the 135M model copies it ("#### 42") into every response
 INSTRUCTION = "\n\nSolve the problem step by step. At the end, write the final answer as a number after ####."
 
@@ -48,29 +52,57 @@ def chat_record(record: dict) -> dict:
             "answer": record["answer"]}
 
 
-def select(pool: Path, prompts: Path, out: Path) -> int:
-    """Write the lines of `prompts` whose id has a rewarded sample in `pool`; returns how many."""
-    sys.path.insert(0, str(HERE.parents[1]))
-    from srtcli.pool import read_pool
+RL_INSTRUCTION = "\n\nReply with the answer as a number only."
+RL_TRAIN, RL_EVAL, RL_SEED = 48, 32, 3
 
-    solved = {s.meta.get("prompt_id") for s in read_pool(pool) if s.reward > 0}
-    kept = [ln for ln in prompts.read_text().splitlines() if ln.strip() and json.loads(ln)["id"] in solved]
-    out.write_text("".join(ln + "\n" for ln in kept))
-    return len(kept)
+
+def small_problem(rng: random.Random) -> tuple[str, int]:
+    """One one-step word problem with small numbers, in the arith workload's words: the question
+    and its answer."""
+    name, item, box = rng.choice(NAMES), rng.choice(ITEMS), rng.choice(BOXES)
+    kind = rng.randrange(3)
+    if kind == 0:
+        a, b = rng.randint(2, 20), rng.randint(2, 9)
+        return f"{name} has {a} {item}. {name} buys {b} more. How many {item} does {name} have now?", a + b
+    if kind == 1:
+        a = rng.randint(5, 20)
+        b = rng.randint(1, a - 1)
+        return f"{name} has {a} {item} and gives away {b}. How many {item} are left?", a - b
+    a, b = rng.randint(2, 5), rng.randint(2, 5)
+    return f"There are {a} {box} with {b} {item} in each. How many {item} are there?", a * b
+
+
+def rl_records() -> tuple[list[dict], list[dict]]:
+    """The RL loop's training and held-back prompts: distinct small problems, seeded."""
+    rng, seen, records = random.Random(RL_SEED), set(), []
+    while len(records) < RL_TRAIN + RL_EVAL:
+        question, answer = small_problem(rng)
+        if question in seen:
+            continue
+        seen.add(question)
+        split, n = ("rl-train", len(records)) if len(records) < RL_TRAIN else ("rl-eval", len(records) - RL_TRAIN)
+        records.append({"id": f"{split}-{n:04d}", "prompt": [{"role": "user", "content": question + RL_INSTRUCTION}],
+                        "answer": str(answer)})
+    return records[:RL_TRAIN], records[RL_TRAIN:]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    print(f"{path}: {len(records)} prompts")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--select", nargs=3, metavar=("POOL", "PROMPTS", "OUT"))
+    ap.add_argument("--rl", action="store_true", help="write rl_prompts.jsonl and rl_eval.jsonl")
     args = ap.parse_args()
-    if args.select:
-        pool, prompts, out = map(Path, args.select)
-        print(f"{out}: {select(pool, prompts, out)} prompts")
+    if args.rl:
+        train, held_back = rl_records()
+        write_jsonl(HERE / "rl_prompts.jsonl", train)
+        write_jsonl(HERE / "rl_eval.jsonl", held_back)
         return
     for name in ("prompts.jsonl", "eval.jsonl"):
         lines = [json.loads(x) for x in (ARITH / name).read_text().splitlines() if x.strip()]
-        (HERE / name).write_text("".join(json.dumps(chat_record(r)) + "\n" for r in lines))
-        print(f"{HERE / name}: {len(lines)} prompts")
+        write_jsonl(HERE / name, [chat_record(r) for r in lines])
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ model's `<calc>` tags, so that model runs without tools there) and padded forwar
 The model learns to answer with the calculator: the reward is exact match of the last `<answer>`
 against the prompt's answer (srt's `exact_match`). `--model smollm2` is the real pretrained model
 (SmolLM2-135M-Instruct from `examples/smollm2/prepare.py models/smollm2`, or `$SRT_REAL_MODEL`) on
-the real-model workload's prompts it sometimes solves (`examples/smollm2/rl_prompts.jsonl`), with
+the RL loop's small problems (`examples/smollm2/rl_prompts.jsonl`), with
 no tools and the `math_answer` reward. Each optimizer step prints one JSON line (mean
 reward, seconds generating, tokens the log-prob forwards ran, the step's seconds), also appended
 to OUT/steps.jsonl; TRL's own log lines follow. bench/trl_bench.py runs both trainers side by side.

@@ -1,6 +1,7 @@
 """The real-model workload (examples/smollm2): the prepared model is what srt loads (a Llama of 30
 layers, 49,152 tokens, tied embeddings, a chat template), preparing again changes nothing, bad
-input is one line, and the prompt files are what workload.py writes from the arith problems."""
+input is one line, and the prompt files are what workload.py writes (the arith problems in chat form; the RL loop's
+small problems)."""
 
 from __future__ import annotations
 
@@ -59,23 +60,15 @@ def test_the_prompt_files_are_the_arith_problems_in_chat_form():
         assert all(r["prompt"][0]["role"] == "user" and "####" in r["prompt"][0]["content"] for r in real)
 
 
-def test_select_keeps_the_prompts_some_screening_sample_solved(tmp_path):
+def test_the_rl_prompt_files_are_small_problems_none_shared_between_training_and_held_back():
     sys.path.insert(0, str(ROOT / "examples/smollm2"))
-    from workload import select
+    from workload import rl_records
 
-    from srtcli.pool import PoolWriter, StepRecord
-
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": "q", "answer": "1"}) + "\n" for i in range(4)))
-    with PoolWriter(tmp_path / "pool" / "rollout.jsonl") as w:
-        for i, (pid, reward) in enumerate([("p0", 0.0), ("p1", 0.0), ("p1", 1.0), ("p2", 0.0), ("p3", 1.0)]):
-            w.write(StepRecord(f"uid-{pid}", f"t{i}", 0, [1, 2], [0, 1], [0.0, 0.0], reward, meta={"prompt_id": pid}))
-    assert select(tmp_path / "pool", prompts, tmp_path / "out.jsonl") == 2
-    assert [json.loads(x)["id"] for x in (tmp_path / "out.jsonl").read_text().splitlines()] == ["p1", "p3"]
-
-
-def test_the_rl_prompt_files_are_workload_prompts():
-    for name, source in (("rl_prompts.jsonl", "prompts.jsonl"), ("rl_eval.jsonl", "eval.jsonl")):
-        pool = {x for x in (ROOT / "examples/smollm2" / source).read_text().splitlines() if x.strip()}
-        kept = [x for x in (ROOT / "examples/smollm2" / name).read_text().splitlines() if x.strip()]
-        assert kept and set(kept) <= pool
+    train, held_back = rl_records()
+    for name, records in (("rl_prompts.jsonl", train), ("rl_eval.jsonl", held_back)):
+        written = [json.loads(x) for x in (ROOT / "examples/smollm2" / name).read_text().splitlines() if x.strip()]
+        assert written == records
+    assert (len(train), len(held_back)) == (48, 32)
+    questions = [r["prompt"][0]["content"] for r in train + held_back]
+    assert len(set(questions)) == len(questions)
+    assert all(0 <= int(r["answer"]) <= 29 for r in train + held_back)
