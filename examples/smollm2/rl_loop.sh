@@ -14,7 +14,7 @@
 # reward (measured: docs/benchmarks.md). Temperature 0.6: at 1 this model's answers are mostly
 # noise; `srt train` scores the policy at the temperature the pool records. Its answers are a
 # sentence or two (~30 tokens), so 64 new tokens. Training checkpoints each decoder layer
-# (--gradient-checkpointing). Rows of 2,048 tokens, 32 sequences per optimizer step: about 7
+# (--gradient-checkpointing). Rows of 2,048 tokens, 32 sequences per optimizer step: 5-7
 # optimizer steps an epoch.
 # Everything else (resuming, the report) is examples/rl_loop.sh's.
 set -euo pipefail

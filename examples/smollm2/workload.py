@@ -74,16 +74,17 @@ def small_problem(rng: random.Random) -> tuple[str, int]:
 
 def rl_records() -> tuple[list[dict], list[dict]]:
     """The RL loop's training and held-back prompts: distinct small problems, seeded."""
-    rng, seen, records = random.Random(RL_SEED), set(), []
-    while len(records) < RL_TRAIN + RL_EVAL:
+    rng, problems = random.Random(RL_SEED), {}
+    while len(problems) < RL_TRAIN + RL_EVAL:
         question, answer = small_problem(rng)
-        if question in seen:
-            continue
-        seen.add(question)
-        split, n = ("rl-train", len(records)) if len(records) < RL_TRAIN else ("rl-eval", len(records) - RL_TRAIN)
-        records.append({"id": f"{split}-{n:04d}", "prompt": [{"role": "user", "content": question + RL_INSTRUCTION}],
-                        "answer": str(answer)})
-    return records[:RL_TRAIN], records[RL_TRAIN:]
+        problems.setdefault(question, answer)
+    items = list(problems.items())
+
+    def records(split: str, part: list[tuple[str, int]]) -> list[dict]:
+        return [{"id": f"{split}-{n:04d}", "prompt": [{"role": "user", "content": q + RL_INSTRUCTION}],
+                 "answer": str(a)} for n, (q, a) in enumerate(part)]
+
+    return records("rl-train", items[:RL_TRAIN]), records("rl-eval", items[RL_TRAIN:])
 
 
 def write_jsonl(path: Path, records: list[dict]) -> None:

@@ -1,7 +1,7 @@
 """The real-model workload (examples/smollm2): the prepared model is what srt loads (a Llama of 30
 layers, 49,152 tokens, tied embeddings, a chat template), preparing again changes nothing, bad
-input is one line, and the prompt files are what workload.py writes (the arith problems in chat form; the RL loop's
-small problems)."""
+input is one line, and the prompt files are what workload.py writes (the arith problems in chat
+form, the RL loop's small problems)."""
 
 from __future__ import annotations
 
