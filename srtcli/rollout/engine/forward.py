@@ -86,7 +86,7 @@ class ForwardPass:
         ids = longs([t for x in inputs for t in x])[None]
         windows = Windows(lambda: packed_positions(lay, posids, arow, na))
         logits = self._model_forward(ids, posids[None], mask, kept_logits(lens, dls),
-                                     Packed(lay.gather, lay.scatter, na, lay.q), rows, windows)[0]
+                                     lay.packed(), rows, windows)[0]
         return Target(logits, kept_starts(dls), self.params)
 
     def _forward_padded(self, rows: list[Any], inputs: list[list[int]], dls: list[int]) -> Target:
@@ -133,7 +133,7 @@ class ForwardPass:
             cfg._attn_implementation = self.attn
         dev = self.device
         if packed is not None:
-            packed = Packed(packed.gather.to(dev), packed.scatter.to(dev), packed.b, packed.q)
+            packed = packed.to(dev)
             keep = keep.to(dev)
         t0 = time.perf_counter()
         try:

@@ -146,13 +146,17 @@ def test_prompt_kv_registry_is_empty_after_a_run():
     assert eng._prompts == {} and eng.active() == []
 
 
+@pytest.mark.parametrize("split", [True, False])
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
-def test_packed_forward_for_every_uneven_forward_is_token_identical(kind, monkeypatch):
+def test_packed_forward_for_every_uneven_forward_is_token_identical(kind, split, monkeypatch):
     """With PACK_MIN_PADDING = 1 every forward with any padding runs packed ([1, T] input,
-    index-mapped attention); greedy output must still equal plain greedy decoding."""
+    index-mapped attention), its attention split into every row's last query plus the rows
+    with more (or never split); greedy output must still equal plain greedy decoding."""
     import srtcli.rollout.engine.forward as forward_mod
+    import srtcli.rollout.engine.kv_cache as kv_mod
 
     monkeypatch.setattr(forward_mod, "PACK_MIN_PADDING", 1)
+    monkeypatch.setattr(kv_mod, "split_pays", lambda rows, multi, q: split and q > 1 and multi > 0)
     packed, padded_pad = [], []
     model_forward, forward_padded = ForwardPass._model_forward, ForwardPass._forward_padded
 

@@ -44,3 +44,37 @@ def test_the_index_maps_live_only_inside_their_forward():
     assert inside.shape == (1, 3, 2, 4)  # back in packed order
     padded = torch.randn(2, 2, 2, 4)  # after the forward, a padded call: no gathering
     assert slot_attention(None, padded, k, v, mask)[0].shape == (2, 2, 2, 4)
+
+
+def ragged_forward(split: bool, monkeypatch) -> torch.Tensor:
+    """One packed attention over four rows of 1, 3, 1 and 2 queries (a plain decode row beside
+    drafting rows), split into every row's last query plus the others, or not."""
+    import srtcli.rollout.engine.kv_cache as kv
+
+    monkeypatch.setattr(kv, "split_pays", lambda rows, multi, q: split and q > 1 and multi > 0)
+    torch.manual_seed(0)
+    lens, starts = [1, 3, 1, 2], [4, 2, 6, 3]
+    lay = kv.layout(lens, starts, list(range(4)), 4)
+    assert (lay.multi is not None) == split
+    q = torch.randn(1, 4, sum(lens), 8)  # [1, heads, T, dim]
+    k, v = torch.randn(4, 2, lay.lcur, 8), torch.randn(4, 2, lay.lcur, 8)  # grouped KV heads
+    vis = torch.arange(lay.lcur)[None, None, :] <= lay.pos[:, :, None]
+    mask = torch.zeros(4, 1, lay.q, lay.lcur).masked_fill_(~vis[:, None], torch.finfo(torch.float32).min)
+    with packed_attention(lay.packed()):
+        return slot_attention(None, q, k, v, mask)[0]
+
+
+def test_split_attention_gives_every_query_what_the_unsplit_layout_gives(monkeypatch):
+    """Splitting off the rows with several queries changes only which SDPA call computes a
+    query, never what it attends to."""
+    split, whole = ragged_forward(True, monkeypatch), ragged_forward(False, monkeypatch)
+    assert split.shape == whole.shape == (1, 7, 4, 8)
+    torch.testing.assert_close(split, whole, rtol=1e-5, atol=1e-6)
+
+
+def test_split_pays_where_rows_without_drafts_would_be_padded():
+    from srtcli.rollout.engine.kv_cache import split_pays
+
+    assert split_pays(32, 1, 2) and split_pays(32, 8, 5)  # a few drafting rows among many
+    assert not split_pays(32, 32, 2)  # every row drafts: nothing is padded, a split only gathers
+    assert not split_pays(32, 0, 1)  # plain decode
