@@ -73,7 +73,7 @@ class ForwardPass:
         nslots = self.slots
         arow = [s.slot for s in rows] if 2 * b >= nslots else list(range(b))
         na = nslots if 2 * b >= nslots else b
-        lay = layout(lens, [s.cache_len for s in rows], arow, na)
+        lay = layout(lens, [s.cache_len for s in rows], arow, na, split=dev.type == "cpu")
         mask = self._mask(lay.pos, lay.lcur)
         posids = lay.flat
         if trees:

@@ -26,7 +26,9 @@ How the pieces fit (the engine, `srtcli.rollout.engine.engine.Engine`, drives th
   (`split_pays`): every row's last query in one call over the cache as it is, then only the
   drafting rows' other queries over their gathered keys and values, so attention costs the
   queries there are rather than every row padded to the longest draft (on SmolLM2 with 32
-  rows, one row's one-token draft added 25% to a forward unsplit, 10% split). Why
+  rows, one row's one-token draft added 25% to a forward unsplit, 10% split). On the CPU
+  only, where it was measured: where attention is bound by reading the keys and values (a
+  GPU, long contexts) padded queries cost little and the split's gather would cost more. Why
   both: packing saves the padding's FLOPs on ragged batches (a prompt next to decode rows,
   uneven drafts) but its bookkeeping costs more than it saves when there is little padding.
   Both give bit-identical outputs.
@@ -259,10 +261,11 @@ def split_pays(rows: int, multi: int, q: int) -> bool:
     return q > 1 and rows + multi * (q + 1) < rows * q
 
 
-def layout(lens: list[int], starts: list[int], arow: list[int], na: int) -> Layout:
+def layout(lens: list[int], starts: list[int], arow: list[int], na: int, split: bool = True) -> Layout:
     """Index maps for input rows of `lens` tokens starting at cache columns `starts`, input row r
-    being attention row arow[r] of na (the others are all padding). Built in plain Python: a
-    few hundred entries, cheaper than a chain of small tensor ops."""
+    being attention row arow[r] of na (the others are all padding); attention split where
+    `split` allows and `split_pays`. Built in plain Python: a few hundred entries, cheaper than
+    a chain of small tensor ops."""
     q = max(lens)
     tok_row, flat, scatter, first = [], [], [], []
     pos, pad, gather = [0] * (na * q), [q] * na, [0] * (na * q)
@@ -281,4 +284,4 @@ def layout(lens: list[int], starts: list[int], arow: list[int], na: int) -> Layo
     multi = [a for n, a in zip(lens, arow) if n > 1]
     return Layout(longs(tok_row), longs(flat), longs(first), longs(pos).view(na, q), longs(pad),
                   longs(gather), longs(scatter), q, lcur,
-                  longs(multi) if split_pays(na, len(multi), q) else None)
+                  longs(multi) if split and split_pays(na, len(multi), q) else None)
