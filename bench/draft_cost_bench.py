@@ -57,7 +57,7 @@ def step(rule: DraftCost, props: list[Proposal], rng: np.random.Generator, times
     kept = [pr.truncate(n) for pr, n in zip(props, cuts)]
     t3 = time.perf_counter()
     tokens = rows + sum(cuts)
-    rule.observe_forward(tokens, 2000, 0.02 + 1e-5 * tokens)
+    rule.observe_forward(tokens, 2000, 0.02 + 1e-5 * rows + 2e-5 * sum(cuts), drafted=sum(cuts))
     accepted = [int(rng.geometric(0.5)) - 1 for _ in kept]
     rule.observe_verdicts([confidences(pr) for pr in kept], [min(a, len(pr.tokens)) for a, pr in zip(accepted, kept)])
     t4 = time.perf_counter()

@@ -296,8 +296,9 @@ class Engine:
     def _teach(self, rows: list[Sequence], props: list[Proposal], accepted: list[int], seconds: float) -> None:
         """The cost rule learns this forward's seconds by its tokens and context, and its chains'
         verdicts (called before the rows take their emitted tokens)."""
-        tokens = sum(len(s.tokens) - s.cache_len + len(pr.tokens) for s, pr in zip(rows, props))
-        self.draft_cost.observe_forward(tokens, max(len(s.tokens) for s in rows), seconds)
+        drafted = sum(len(pr.tokens) for pr in props)
+        tokens = sum(len(s.tokens) - s.cache_len for s in rows) + drafted
+        self.draft_cost.observe_forward(tokens, max(len(s.tokens) for s in rows), seconds, drafted)
         chains = [(confidences(pr), a) for pr, a in zip(props, accepted) if pr.parents is None]
         self.draft_cost.observe_verdicts([c for c, _ in chains], [a for _, a in chains])
 

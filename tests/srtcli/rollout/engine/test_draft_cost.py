@@ -9,22 +9,30 @@ probability (keep the likely draws) is biased and fails the same test.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
 
 from srtcli.rollout.drafters.srt import concentration
-from srtcli.rollout.engine.draft_cost import MIN_FORWARDS, Acceptance, DraftCost, ForwardCost, chain_products
+from srtcli.rollout.engine.draft_cost import (MIN_FORWARDS, PREMIUM_SE, WINDOW, Acceptance, DraftCost, ForwardCost,
+                                              chain_products)
 from srtcli.rollout.engine.verify import verify_drafts
 from tests.srtcli.rollout.engine.test_verify import P0, p_value
 
 
-def fitted(a: float, b: float, c: float = 0.0, tokens=range(1, 65), contexts=(50, 400)) -> ForwardCost:
-    """A cost fitted to forwards that took exactly a + b * tokens + c * tokens * context."""
+def fitted(a: float, b: float, c: float = 0.0, d: float | None = None, tokens=range(1, 65), contexts=(50, 400),
+           drafted=(0, 8)) -> ForwardCost:
+    """A cost fitted to forwards of n rows' tokens and m draft tokens over context k that took
+    exactly a + b * n + d * m + c * (n + m) * k (a draft token costing what a row's does unless
+    `d` says otherwise)."""
+    d = b if d is None else d
     cost = ForwardCost()
-    for n in tokens:
-        for k in contexts:
-            cost.observe(n, k, a + b * n + c * n * k)
+    forwards = list(itertools.product(tokens, contexts, drafted))
+    for i in np.random.default_rng(0).permutation(len(forwards)):  # every kind among the recent ones
+        n, k, m = forwards[i]
+        cost.observe(n + m, k, a + b * n + d * m + c * (n + m) * k, drafted=m)
     return cost
 
 
@@ -36,26 +44,47 @@ def with_cost(forward: ForwardCost) -> DraftCost:
 
 def test_the_fitted_cost_is_the_forwards_own():
     # within 1%: the fit holds slopes a little towards 0 (RIDGE), so an unseen one stays near it
-    cost = fitted(0.05, 0.001, 2e-6)
-    assert cost.per_token(100) == pytest.approx(0.001 + 2e-4, rel=0.01)
+    cost = fitted(0.05, 0.001, 2e-6, d=0.003)
+    assert cost.draft_token(100)[0] == pytest.approx(0.003 + 2e-4, rel=0.01)
+    assert cost.per_draft_token(100) == pytest.approx(0.003 + 2e-4, rel=0.01)  # no noise: no premium
     assert cost.predict(40, 300) == pytest.approx(0.05 + 0.04 + 2e-6 * 40 * 300, rel=0.01)
+    assert cost.predict(40, 300, drafted=10) == pytest.approx(0.05 + 0.03 + 0.03 + 2e-6 * 40 * 300, rel=0.01)
 
 
 def test_recent_forwards_weigh_most():
     cost = fitted(0.05, 0.001)
-    for n in list(range(1, 65)) * 2:  # the device got slower per token: two half-lives of forwards
-        cost.observe(n, 50, 0.05 + 0.003 * n)
-    assert 0.0022 < cost.per_token(50) < 0.0031  # nearer the new 0.003 than the old 0.001
+    for n in range(1, 65):  # the device got slower per token: two half-lives of forwards
+        for m in (0, 8):
+            cost.observe(n + m, 50, 0.05 + 0.003 * (n + m), drafted=m)
+    assert 0.0022 < cost.draft_token(50)[0] < 0.0031  # nearer the new 0.003 than the old 0.001
 
 
 def test_a_cost_no_forward_has_shown_is_taken_as_zero():
-    # every forward verified 32 tokens: nothing says what one more costs, so the rule drafts
-    # (and its forwards then show it); a noisy negative slope is no reason to draft more either
-    flat = fitted(0.1, 0.0, tokens=[32] * 4, contexts=(80,))
-    assert flat.per_token(80) < 1e-9
+    # every forward verified 32 rows' tokens and no draft: nothing says what a draft token
+    # costs, so the rule drafts (and its forwards then show it); a noisy negative slope is no
+    # reason to draft more either
+    flat = fitted(0.1, 0.002, tokens=[32] * 4, contexts=(80,), drafted=(0,))
+    assert flat.per_draft_token(80) < 1e-9
     assert with_cost(flat).worth_drafting(rows=32, tokens=32, context=80)
     falling = fitted(0.1, -0.001, contexts=(0,))
-    assert falling.per_token(0) == 0.0
+    assert falling.draft_token(0)[0] == 0.0
+
+
+def test_a_draft_token_is_priced_above_its_fit_while_few_noisy_forwards_show_it():
+    rng = np.random.default_rng(0)
+    cost = ForwardCost()
+
+    def time(forwards: int) -> None:  # 32 rows and 0-8 draft tokens, a draft token 4 ms, +-10% noise
+        for m in rng.integers(0, 9, forwards):
+            cost.observe(32 + int(m), 200, (0.15 + 0.004 * m) * rng.uniform(0.9, 1.1), drafted=int(m))
+
+    time(MIN_FORWARDS)
+    early, early_error = cost.draft_token(200)
+    assert early_error > 0.001
+    assert cost.per_draft_token(200) == pytest.approx(early + PREMIUM_SE * early_error)
+    time(WINDOW)
+    late, late_error = cost.draft_token(200)
+    assert late_error < early_error / 2 and abs(late - 0.004) < 2 * late_error + 1e-4
 
 
 def test_a_fit_below_zero_still_predicts_a_positive_time():
@@ -85,6 +114,14 @@ def test_acceptance_is_learned_by_confidence_and_depth():
     assert abs(acc.best_first() - 0.796) < 0.03
 
 
+def test_a_depth_without_verdicts_expects_what_the_depth_above_it_showed():
+    # confident first tokens accepted 0.7 of the time: an unseen deeper one is not taken at its
+    # confidence (0.995) but at what its bin showed one depth up
+    acc = Acceptance()
+    acc.observe(np.full(1000, 0.995), np.zeros(1000, int), np.arange(1000) < 700)
+    np.testing.assert_allclose(acc.expected(np.array([0.995, 0.995, 0.995]), np.array([0, 1, 3])), 0.7, atol=0.01)
+
+
 def test_chain_products_restart_at_every_chain():
     got = chain_products(np.array([0.5, 0.5, 0.9, 1.0, 0.2]), np.array([2, 0, 3]))
     np.testing.assert_allclose(got, [0.5, 0.25, 0.9, 0.9, 0.18])
@@ -111,6 +148,16 @@ def test_the_cut_keeps_tokens_by_their_chance_while_the_rate_rises():
     mid = learned(fitted(0.03, 0.005))
     assert mid.cut(3, 3, 50, confs) == [3, 1, 0]
     assert mid.worth_drafting(3, 3, 50)
+
+
+def test_a_draft_token_is_priced_at_its_own_cost_not_a_rows():
+    confs = [[0.9, 0.9, 0.9], [0.6, 0.6], [0.2]]
+    # rows' tokens cost nothing more, draft tokens (their verification) dearly: none pays
+    dear = learned(fitted(0.1, 0.0, d=0.05))
+    assert dear.cut(3, 3, 50, confs) == [0, 0, 0]
+    assert not dear.worth_drafting(3, 3, 50)
+    # rows' tokens cost dearly, draft tokens nothing more: every one pays
+    assert learned(fitted(0.1, 0.05, d=0.0)).cut(3, 3, 50, confs) == [3, 2, 1]
 
 
 def test_a_drawn_stop_competes_like_a_token():
