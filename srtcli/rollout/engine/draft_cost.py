@@ -7,7 +7,7 @@ are measured while the engine runs, so one rule fits any model and device:
 - `ForwardCost`: the seconds of a decode forward (the model and verification) as a function of
   the tokens it verifies, how many of them are drafts, and the context they attend to, fitted to
   the engine's own recent forwards. On a CPU each token costs about its FLOPs, a draft token
-  more than a row's own (on SmolLM2 at 32 rows, 4.1-4.7 ms against 0.2-2.1: its distribution
+  more than a row's own (on SmolLM2 at 32 rows, 3.0-4.7 ms against 0.2-2.1: its distribution
   over the whole vocabulary is verified, and its queries attend apart); on a GPU a forward costs
   about the same whatever its tokens until it becomes compute-bound, and there the same rule
   verifies the whole budget.
@@ -129,8 +129,8 @@ class ForwardCost:
             coef = np.zeros(len(coef))
             coef[keep] = np.linalg.lstsq(gram[np.ix_(keep, keep)], moment[keep], rcond=None)[0]
             coef[1:] = np.maximum(coef[1:], 0.0)
-        residual = float(w @ (y - x @ coef) ** 2) / max(w.sum() - len(coef), 1.0)
-        self._coef, self._cov, self._fitted_at = coef, residual * np.linalg.pinv(gram), self.forwards
+        noise = float(w @ (y - x @ coef) ** 2) / max(w.sum() - len(coef), 1.0)  # per forward, squared
+        self._coef, self._cov, self._fitted_at = coef, noise * np.linalg.pinv(gram), self.forwards
 
 
 class Acceptance:
